@@ -1,0 +1,415 @@
+// Package driver defines the contract between warden's portable packages
+// (lock, breaker, cache, idempotency, checkpoint) and the stores that keep
+// their state (store/memory, store/sqlite, store/postgres, …).
+//
+// A driver implements atomic primitives only. Every method is one
+// conditional operation on the database — one round trip where the database
+// allows it — and decides on the database's side (or under the database's
+// own lock) whether it applies. The portable layer never reads, decides and
+// then writes across two driver calls; everything that must be decided
+// atomically is decided inside one driver method.
+//
+// # Conventions for every method
+//
+//   - Arguments have already been validated by [github.com/warden-go/warden.Store]:
+//     keys, names, task ids and owners are non-empty UTF-8 of at most
+//     [MaxKeyBytes] bytes without NUL; values fit [Limits.MaxValueBytes];
+//     durations are whole milliseconds and positive unless a method says
+//     zero is allowed. Drivers need not check them again.
+//   - Expected outcomes ("not acquired", "not held", "absent") are results,
+//     never errors. An error means the operation failed or its outcome is
+//     unknown: the caller may retry or read back.
+//   - Keys are stored in the store's namespace (its prefix) and must
+//     round-trip byte for byte. A store never reads, lists, changes or
+//     deletes records outside its namespace, nor records of another kind.
+//   - Expiry is decided by one clock per store: the database's clock where the
+//     database offers one inside the same atomic operation, otherwise the
+//     client's. An expired record is treated as absent by every method at
+//     once; native TTL machinery is only garbage collection.
+//   - Times returned are UTC with millisecond precision.
+//   - If ctx ends, the method returns ctx.Err() (possibly wrapped).
+//
+// Optional capabilities (notifications, migrations, purging) are separate
+// interfaces discovered by type assertion on [Store].
+package driver
+
+import (
+	"context"
+	"time"
+)
+
+// MaxKeyBytes is the largest key, name, task id or owner, in bytes.
+const MaxKeyBytes = 512
+
+// Store is one connection to a database in one namespace. It bundles the
+// capability drivers. It is safe for concurrent use.
+type Store interface {
+	// Name is the backend's short name: "memory", "sqlite", "postgres", …
+	Name() string
+	// Limits reports the store's size limits.
+	Limits() Limits
+	Locks() Locks
+	Circuits() Circuits
+	Cache() Cache
+	Idempotency() Idempotency
+	Checkpoints() Checkpoints
+	// Ping checks that the database answers.
+	Ping(ctx context.Context) error
+	// Close releases the store's resources. Only resources the store
+	// created are closed; a client handed to a store's New stays open.
+	// Close stops every goroutine the store started.
+	Close() error
+}
+
+// Limits are a store's size limits.
+type Limits struct {
+	// MaxValueBytes is the largest value (cache value, idempotency result,
+	// checkpoint data) the store accepts. Larger values are refused with
+	// warden.ErrValueTooLarge before any I/O, never truncated.
+	MaxValueBytes int
+}
+
+// Migrator is implemented by stores that create tables, collections or
+// indexes. Migrate is idempotent and also upgrades layouts created by the
+// go-go-scope adapters (adds missing columns and indexes).
+type Migrator interface {
+	Migrate(ctx context.Context) error
+}
+
+// Purger is implemented by stores that keep records past their expiry:
+// released lock records (kept for fencing), expired cache entries,
+// lapsed idempotency records. Purge deletes, in the store's namespace,
+// expired cache and idempotency records and lock records that have been
+// idle (released or expired) for at least lockRetention. It returns the
+// number of records deleted.
+type Purger interface {
+	Purge(ctx context.Context, lockRetention time.Duration) (int64, error)
+}
+
+// ---------------------------------------------------------------------------
+// Locks
+
+// LockRecord is the state of one lock.
+type LockRecord struct {
+	Key   string // the key without the store's prefix
+	Owner string // the holder
+	// Token is the fencing token of the current holding: strictly greater
+	// than every token handed out before for this key on this store.
+	Token      int64
+	AcquiredAt time.Time // when the current holder first acquired it
+	ExpiresAt  time.Time // the store clock's expiry of the holding
+}
+
+// Locks is the lock driver.
+//
+// Fencing tokens: a store hands each new holding a token strictly greater
+// than every token handed out before for the same key, across releases,
+// expiries, takeovers and restarts of the clients. A holder that acquires
+// again while it still holds the lock keeps its token. See docs/design.md
+// for the scheme the bundled stores use.
+type Locks interface {
+	// Acquire takes the lock for owner for ttl, atomically. It succeeds when
+	// there is no live holding (absent, released or expired) or when owner
+	// holds it already (then the expiry is renewed and the token kept). It
+	// reports acquired=false with the current holder's record when someone
+	// else holds it. Concurrent first acquires of a new key: exactly one
+	// wins, the others get acquired=false — never an error, never a
+	// deadlock.
+	Acquire(ctx context.Context, key, owner string, ttl time.Duration) (rec LockRecord, acquired bool, err error)
+	// Refresh renews the expiry to now+ttl if owner still holds the holding
+	// with this token and it has not expired. ok=false otherwise.
+	Refresh(ctx context.Context, key, owner string, token int64, ttl time.Duration) (rec LockRecord, ok bool, err error)
+	// Release ends the holding if owner holds it with this token (expired or
+	// not, as long as nobody took it over). ok=false if not held.
+	Release(ctx context.Context, key, owner string, token int64) (ok bool, err error)
+	// ForceRelease ends any live holding of key. ok=false if none was live.
+	ForceRelease(ctx context.Context, key string) (ok bool, err error)
+	// Get returns the live holding of key; found=false if none.
+	Get(ctx context.Context, key string) (rec LockRecord, found bool, err error)
+	// List returns every live holding whose key matches pattern, sorted by
+	// key, reading every page.
+	List(ctx context.Context, pattern Pattern) ([]LockRecord, error)
+}
+
+// LockEventKind says what happened to a lock.
+type LockEventKind int
+
+const (
+	// LockAcquired: a new holding began (Owner and Token are set).
+	LockAcquired LockEventKind = iota + 1
+	// LockReleased: a holding was released or force-released.
+	LockReleased
+	// LockExpired: a holding lapsed, seen by a store that can tell.
+	LockExpired
+	// EventsLost: the stream fell behind and events may be missing;
+	// watchers should re-read the state they care about.
+	EventsLost
+)
+
+func (k LockEventKind) String() string {
+	switch k {
+	case LockAcquired:
+		return "acquired"
+	case LockReleased:
+		return "released"
+	case LockExpired:
+		return "expired"
+	case EventsLost:
+		return "events-lost"
+	}
+	return "unknown"
+}
+
+// LockEvent is one change of a lock, seen by every process.
+type LockEvent struct {
+	Kind  LockEventKind
+	Key   string // without prefix; empty for EventsLost
+	Owner string
+	Token int64
+	At    time.Time
+}
+
+// LockNotifier is the optional capability of stores that deliver lock events
+// from every process: PostgreSQL LISTEN/NOTIFY, Redis pub/sub, a MongoDB
+// capped collection, in-process delivery for SQLite and memory.
+type LockNotifier interface {
+	// WatchLocks delivers events for every lock of the store's namespace
+	// until ctx ends or the store closes; then the channel is closed.
+	// Delivery is best effort: a slow receiver gets EventsLost instead of
+	// blocking the store.
+	WatchLocks(ctx context.Context) (<-chan LockEvent, error)
+}
+
+// ---------------------------------------------------------------------------
+// Circuits
+
+// CircuitState is the state of a circuit breaker.
+type CircuitState string
+
+// The circuit states, spelled as the go-go-scope adapters store them.
+const (
+	Closed   CircuitState = "closed"
+	Open     CircuitState = "open"
+	HalfOpen CircuitState = "half-open"
+)
+
+// Valid reports whether s is one of the three states.
+func (s CircuitState) Valid() bool { return s == Closed || s == Open || s == HalfOpen }
+
+// CircuitRecord is the shared state of one circuit breaker.
+type CircuitRecord struct {
+	Name        string
+	State       CircuitState
+	Failures    int64     // consecutive failures
+	LastFailure time.Time // zero if never
+	LastSuccess time.Time // zero if never
+	OpenedAt    time.Time // when it last opened; zero if never
+	ProbeOwner  string    // holder of the half-open probe slot
+	ProbeUntil  time.Time // when the probe slot lapses
+	Version     int64     // increases on every change
+	UpdatedAt   time.Time
+}
+
+// Circuits is the circuit-breaker state driver. An absent circuit is closed
+// with no failures.
+type Circuits interface {
+	// RecordFailure atomically adds one failure: closed → open when the
+	// count reaches threshold (threshold ≥ 1); half-open → open; open stays
+	// open. Opening sets OpenedAt to now and clears the probe slot.
+	// Concurrent calls never lose an increment.
+	RecordFailure(ctx context.Context, name string, threshold int) (CircuitRecord, error)
+	// RecordSuccess atomically records a success: closed → failures reset;
+	// half-open → closed, failures reset, probe slot cleared; open stays open
+	// (a late success of a call begun before opening proves nothing).
+	RecordSuccess(ctx context.Context, name string) (CircuitRecord, error)
+	// TryProbe grants the half-open probe slot to exactly one caller across
+	// the fleet. Open with OpenedAt+openFor passed → half-open, slot to
+	// owner until now+lease, granted. Half-open with the slot lapsed or held
+	// by owner → slot to owner, granted. Otherwise not granted; the record
+	// tells why (closed: just call; open: not yet; half-open: someone else
+	// probes).
+	TryProbe(ctx context.Context, name, owner string, openFor, lease time.Duration) (rec CircuitRecord, granted bool, err error)
+	// Get returns the circuit's record; found=false if absent.
+	Get(ctx context.Context, name string) (rec CircuitRecord, found bool, err error)
+	// Set forces a state (operators). Closed resets the failure count;
+	// open sets OpenedAt to now; every state clears the probe slot.
+	Set(ctx context.Context, name string, state CircuitState) (CircuitRecord, error)
+	// Delete removes the circuit's record (it reads as closed afterwards).
+	Delete(ctx context.Context, name string) (ok bool, err error)
+	// List returns every circuit whose name matches pattern, sorted.
+	List(ctx context.Context, pattern Pattern) ([]CircuitRecord, error)
+}
+
+// CircuitNotifier is the optional capability of stores that deliver circuit
+// state changes from every process.
+type CircuitNotifier interface {
+	// WatchCircuits delivers the new record after every change in the
+	// namespace until ctx ends or the store closes. Best effort, like
+	// LockNotifier; a record with an empty Name means events were lost.
+	WatchCircuits(ctx context.Context) (<-chan CircuitRecord, error)
+}
+
+// ---------------------------------------------------------------------------
+// Cache
+
+// CacheEntry is one cached value.
+type CacheEntry struct {
+	Key       string
+	Value     []byte
+	ExpiresAt time.Time // zero: no expiry
+}
+
+// Cache is the cache driver. A ttl of zero means no expiry.
+type Cache interface {
+	// Get returns the live entry; found=false if absent or expired.
+	Get(ctx context.Context, key string) (e CacheEntry, found bool, err error)
+	// Set stores value, replacing any entry.
+	Set(ctx context.Context, key string, value []byte, ttl time.Duration) error
+	// SetIfAbsent stores value only if there is no live entry, atomically.
+	SetIfAbsent(ctx context.Context, key string, value []byte, ttl time.Duration) (stored bool, err error)
+	// Delete removes the entry; ok=false if there was no live entry.
+	Delete(ctx context.Context, key string) (ok bool, err error)
+	// Has reports whether a live entry exists.
+	Has(ctx context.Context, key string) (bool, error)
+	// Clear deletes every cache entry of the namespace (and nothing else)
+	// and returns how many live entries it deleted.
+	Clear(ctx context.Context) (int64, error)
+	// Keys returns every live key matching pattern, sorted, reading every page.
+	Keys(ctx context.Context, pattern Pattern) ([]string, error)
+}
+
+// ---------------------------------------------------------------------------
+// Idempotency
+
+// IdemStatus is the status of an idempotency record.
+type IdemStatus string
+
+const (
+	// IdemPending: a claimant is running the operation.
+	IdemPending IdemStatus = "pending"
+	// IdemCompleted: the result is stored.
+	IdemCompleted IdemStatus = "completed"
+)
+
+// IdemRecord is the state of one idempotency key.
+type IdemRecord struct {
+	Key         string
+	Status      IdemStatus
+	Owner       string // the claimant (pending); the completer (completed)
+	Fingerprint string // the claimant's request fingerprint, may be empty
+	Result      []byte // completed only
+	CreatedAt   time.Time
+	// ExpiresAt is the claim lease's expiry (pending) or the end of the
+	// result's retention (completed; zero: kept until deleted).
+	ExpiresAt time.Time
+}
+
+// ClaimOutcome is the answer to a claim.
+type ClaimOutcome int
+
+const (
+	// Claimed: the key was free; the caller runs the operation.
+	Claimed ClaimOutcome = iota + 1
+	// TakenOver: a previous claimant's lease lapsed; the caller runs it.
+	TakenOver
+	// InProgress: another live claimant runs it; Record.ExpiresAt tells
+	// until when its lease runs.
+	InProgress
+	// Completed: the result is stored in Record.Result.
+	Completed
+)
+
+func (o ClaimOutcome) String() string {
+	switch o {
+	case Claimed:
+		return "claimed"
+	case TakenOver:
+		return "taken-over"
+	case InProgress:
+		return "in-progress"
+	case Completed:
+		return "completed"
+	}
+	return "unknown"
+}
+
+// Idempotency is the idempotency-key driver.
+type Idempotency interface {
+	// Claim atomically claims key for owner with a lease: absent or lapsed
+	// completed record → Claimed; pending record whose lease lapsed →
+	// TakenOver; pending record of owner itself → Claimed (lease renewed);
+	// live pending record of another → InProgress; live completed record →
+	// Completed. Among concurrent claimers exactly one gets Claimed or
+	// TakenOver. The fingerprint is stored with a new claim; comparing
+	// fingerprints is the caller's business.
+	Claim(ctx context.Context, key, owner string, lease time.Duration, fingerprint string) (rec IdemRecord, outcome ClaimOutcome, err error)
+	// Extend renews owner's pending claim to now+lease. ok=false if owner
+	// is no longer the claimant.
+	Extend(ctx context.Context, key, owner string, lease time.Duration) (ok bool, err error)
+	// Complete stores result if owner is still the claimant of a pending
+	// record, and keeps it for retain (0: until deleted). ok=false otherwise.
+	Complete(ctx context.Context, key, owner string, result []byte, retain time.Duration) (ok bool, err error)
+	// Abandon deletes owner's pending claim. ok=false if owner is not the
+	// claimant.
+	Abandon(ctx context.Context, key, owner string) (ok bool, err error)
+	// Get returns the live record (pending within its lease, completed
+	// within its retention); found=false otherwise.
+	Get(ctx context.Context, key string) (rec IdemRecord, found bool, err error)
+	// Set stores a completed record directly, replacing any record
+	// (operators and go-go-scope-style use). ttl 0: until deleted.
+	Set(ctx context.Context, key string, result []byte, ttl time.Duration) error
+	// Delete removes the record; ok=false if there was no live record.
+	Delete(ctx context.Context, key string) (ok bool, err error)
+	// List returns every live record whose key matches pattern, sorted.
+	List(ctx context.Context, pattern Pattern) ([]IdemRecord, error)
+}
+
+// ---------------------------------------------------------------------------
+// Checkpoints
+
+// Checkpoint is one saved state of a task.
+type Checkpoint struct {
+	ID       string // CheckpointID(TaskID, Sequence)
+	TaskID   string
+	Sequence int64 // 1, 2, 3, … per task, assigned by the store
+	Time     time.Time
+	Progress float64 // 0–100
+	Data     []byte
+	// ETA is the estimated time remaining; zero: unknown.
+	ETA time.Duration
+	// Token is the fencing token of the lease the saver held; 0: none.
+	Token int64
+}
+
+// CheckpointInput is what a saver provides; the store assigns the rest.
+type CheckpointInput struct {
+	TaskID   string
+	Progress float64
+	Data     []byte
+	ETA      time.Duration
+	Token    int64
+}
+
+// Checkpoints is the checkpoint driver.
+type Checkpoints interface {
+	// Save stores a checkpoint with the next sequence of its task, assigned
+	// atomically: concurrent savers never share a sequence. If in.Token > 0
+	// and a checkpoint of the task carries a greater token, the save is
+	// refused (ok=false): a newer lease holder has saved since, so the
+	// caller is a zombie.
+	Save(ctx context.Context, in CheckpointInput) (cp Checkpoint, ok bool, err error)
+	// Load returns the checkpoint with this id; found=false if absent.
+	Load(ctx context.Context, id string) (cp Checkpoint, found bool, err error)
+	// Latest returns the task's checkpoint with the highest sequence.
+	Latest(ctx context.Context, taskID string) (cp Checkpoint, found bool, err error)
+	// List returns the task's checkpoints in increasing numeric sequence.
+	List(ctx context.Context, taskID string) ([]Checkpoint, error)
+	// Cleanup deletes all but the keep newest checkpoints of the task
+	// (keep ≥ 0) and returns how many it deleted.
+	Cleanup(ctx context.Context, taskID string, keep int) (int64, error)
+	// DeleteAll deletes every checkpoint of the task.
+	DeleteAll(ctx context.Context, taskID string) (int64, error)
+	// Tasks returns the ids of tasks with checkpoints whose id matches
+	// pattern, sorted.
+	Tasks(ctx context.Context, pattern Pattern) ([]string, error)
+}

@@ -1,0 +1,169 @@
+package driver
+
+import (
+	"fmt"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Kind tags put between a store's prefix and a key, as the go-go-scope
+// adapters do, so that records of different kinds never collide and a
+// namespace-wide operation on one kind never touches another.
+const (
+	TagLock    = "lock:"
+	TagCircuit = "circuit:"
+	TagCache   = "cache:"
+)
+
+// TokenBase is the fencing token of the first holding of a new lock record
+// created at t: t in Unix milliseconds × 4096. Later holdings of the same
+// record add one each. Lock records are kept after release and purged only
+// after a long idle retention, so a record recreated after a purge starts
+// above every token the old record could have reached (that would take
+// more than 4096 acquisitions per millisecond).
+func TokenBase(t time.Time) int64 { return t.UnixMilli() * 4096 }
+
+// CheckpointID is the id of a task's checkpoint with sequence seq:
+// "<task>:<seq>" in decimal. Sequences are numbers, so the id parses back
+// from its last colon even when the task id contains colons.
+func CheckpointID(taskID string, seq int64) string {
+	return taskID + ":" + strconv.FormatInt(seq, 10)
+}
+
+// ParseCheckpointID splits an id made by CheckpointID; ok=false if it is not
+// one.
+func ParseCheckpointID(id string) (taskID string, seq int64, ok bool) {
+	i := strings.LastIndexByte(id, ':')
+	if i <= 0 {
+		return "", 0, false
+	}
+	seq, err := strconv.ParseInt(id[i+1:], 10, 64)
+	if err != nil || seq < 1 || strconv.FormatInt(seq, 10) != id[i+1:] {
+		return "", 0, false
+	}
+	return id[:i], seq, true
+}
+
+// Millis converts a duration to whole milliseconds, rounding up so that a
+// positive duration never becomes zero.
+func Millis(d time.Duration) int64 {
+	ms := d / time.Millisecond
+	if d%time.Millisecond > 0 {
+		ms++
+	}
+	return int64(ms)
+}
+
+// Params reads a store URL's query parameters and remembers which were
+// read, so that an opener can refuse parameters it does not know:
+//
+//	q := driver.NewParams(u)
+//	prefix := q.String("prefix", "")
+//	busy := q.Duration("busy_timeout", 5*time.Second)
+//	if err := q.Err(); err != nil { … }
+type Params struct {
+	vals url.Values
+	used map[string]bool
+	errs []string
+}
+
+// NewParams starts reading u's query parameters.
+func NewParams(u *url.URL) *Params {
+	return &Params{vals: u.Query(), used: map[string]bool{}}
+}
+
+// Has reports whether the parameter is present (and marks it read).
+func (q *Params) Has(name string) bool {
+	q.used[name] = true
+	_, ok := q.vals[name]
+	return ok
+}
+
+// String returns the parameter's value or def.
+func (q *Params) String(name, def string) string {
+	q.used[name] = true
+	if v, ok := q.vals[name]; ok && len(v) > 0 {
+		return v[len(v)-1]
+	}
+	return def
+}
+
+// Duration returns the parameter parsed with time.ParseDuration, or def.
+func (q *Params) Duration(name string, def time.Duration) time.Duration {
+	s := q.String(name, "")
+	if s == "" {
+		return def
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 {
+		q.errs = append(q.errs, fmt.Sprintf("parameter %s=%q is not a duration", name, s))
+		return def
+	}
+	return d
+}
+
+// Int returns the parameter parsed as a non-negative integer, or def.
+func (q *Params) Int(name string, def int) int {
+	s := q.String(name, "")
+	if s == "" {
+		return def
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 {
+		q.errs = append(q.errs, fmt.Sprintf("parameter %s=%q is not a non-negative integer", name, s))
+		return def
+	}
+	return n
+}
+
+// Bool returns the parameter parsed with strconv.ParseBool, or def.
+func (q *Params) Bool(name string, def bool) bool {
+	s := q.String(name, "")
+	if s == "" {
+		return def
+	}
+	b, err := strconv.ParseBool(s)
+	if err != nil {
+		q.errs = append(q.errs, fmt.Sprintf("parameter %s=%q is not a boolean", name, s))
+		return def
+	}
+	return b
+}
+
+// Rest returns the parameters not read so far, for openers that hand them
+// on to a database driver's own DSN. They count as read afterwards.
+func (q *Params) Rest() url.Values {
+	rest := url.Values{}
+	for k, v := range q.vals {
+		if !q.used[k] {
+			rest[k] = v
+			q.used[k] = true
+		}
+	}
+	return rest
+}
+
+// Err reports malformed values and parameters that were never read.
+func (q *Params) Err() error {
+	var unknown []string
+	for k := range q.vals {
+		if !q.used[k] {
+			unknown = append(unknown, k)
+		}
+	}
+	sort.Strings(unknown)
+	msgs := append([]string(nil), q.errs...)
+	if len(unknown) > 0 {
+		msgs = append(msgs, "unknown parameter(s) "+strings.Join(unknown, ", "))
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %s", ErrBadURL, strings.Join(msgs, "; "))
+}
+
+// ErrBadURL is wrapped by errors about a store URL's form.
+var ErrBadURL = fmt.Errorf("invalid store URL")

@@ -1,0 +1,92 @@
+package warden
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/warden-go/warden/driver"
+)
+
+// Sentinel errors, matched with errors.Is. Every error a Store returns is
+// one of these, a context error (returned unchanged), or an *Error wrapping
+// the driver's error.
+var (
+	// ErrInvalidKey: a key, name, task id, owner or checkpoint id is empty,
+	// longer than 512 bytes, not valid UTF-8, or contains NUL.
+	ErrInvalidKey = errors.New("warden: invalid key")
+	// ErrInvalidPattern: a glob is not valid UTF-8 or ends in a lone '\'.
+	ErrInvalidPattern = errors.New("warden: invalid pattern")
+	// ErrInvalidArgument: a duration, threshold, count or state is out of
+	// range (for example a lock TTL under one millisecond).
+	ErrInvalidArgument = errors.New("warden: invalid argument")
+	// ErrValueTooLarge: a value exceeds the store's limit; nothing was
+	// written.
+	ErrValueTooLarge = errors.New("warden: value too large")
+	// ErrClosed: the store was closed.
+	ErrClosed = errors.New("warden: store closed")
+	// ErrUnknownScheme: Open was given a URL whose scheme no imported store
+	// registered.
+	ErrUnknownScheme = errors.New("warden: unknown store scheme")
+)
+
+// Error is a store operation's failure: the backend's error wrapped once
+// with the operation and the key. Unwrap gives the backend's error.
+type Error struct {
+	Store string // the backend: "sqlite", "postgres", …
+	Op    string // the operation: "lock.acquire", "cache.get", …
+	Key   string // the key, name or task id, if the operation has one
+	Err   error
+}
+
+func (e *Error) Error() string {
+	s := "warden: " + e.Store + " " + e.Op
+	if e.Key != "" {
+		s += " " + strconv.Quote(e.Key)
+	}
+	return s + ": " + strings.TrimPrefix(e.Err.Error(), "warden: ")
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// ValidateKey checks a key (or circuit name, task id, owner, idempotency
+// key): non-empty UTF-8 of at most 512 bytes, without NUL. The error wraps
+// ErrInvalidKey. NUL is the one character refused, because PostgreSQL text
+// and several client libraries cannot hold it.
+func ValidateKey(key string) error {
+	switch {
+	case key == "":
+		return fmt.Errorf("%w: empty", ErrInvalidKey)
+	case len(key) > driver.MaxKeyBytes:
+		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrInvalidKey, len(key), driver.MaxKeyBytes)
+	case !utf8.ValidString(key):
+		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidKey)
+	}
+	for i := 0; i < len(key); i++ {
+		if key[i] == 0 {
+			return fmt.Errorf("%w: contains NUL at byte %d", ErrInvalidKey, i)
+		}
+	}
+	return nil
+}
+
+// ParsePattern parses a glob ('*' any run, '?' one character, '\' escapes;
+// empty matches everything). The error wraps ErrInvalidPattern.
+func ParsePattern(s string) (driver.Pattern, error) {
+	p, err := driver.ParsePattern(s)
+	if err != nil {
+		return p, fmt.Errorf("%w: %q (a '\\' must be followed by the character it escapes)", ErrInvalidPattern, s)
+	}
+	return p, nil
+}
+
+// contextErr returns ctx's error if err was caused by ctx ending.
+func contextErr(ctx context.Context, err error) error {
+	if cerr := ctx.Err(); cerr != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, cerr)) {
+		return cerr
+	}
+	return nil
+}

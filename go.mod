@@ -1,0 +1,3 @@
+module github.com/warden-go/warden
+
+go 1.25.0

@@ -1,0 +1,2 @@
+// Package sqlite is warden's embedded default store (to be written).
+package sqlite
