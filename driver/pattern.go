@@ -222,7 +222,8 @@ func (p Pattern) Regexp(prefix string) string {
 
 // RedisMatch renders the pattern, after the literal prefix, as a Redis
 // SCAN MATCH glob, escaping '*', '?', '[', ']' and '\' in literal text.
-// Redis's '?' matches one byte, so drivers re-check with Match.
+// Redis's '?' matches one byte, not one character, so '?' is rendered as
+// "?*" (one byte or more): a superset that drivers narrow with Match.
 func (p Pattern) RedisMatch(prefix string) string {
 	var b strings.Builder
 	lit := func(s string) {
@@ -244,7 +245,7 @@ func (p Pattern) RedisMatch(prefix string) string {
 		case patStar:
 			b.WriteByte('*')
 		case patOne:
-			b.WriteByte('?')
+			b.WriteString("?*")
 		}
 	}
 	return b.String()
