@@ -1,0 +1,46 @@
+package lock
+
+import (
+	"context"
+	"errors"
+)
+
+// Do runs fn while holding key: it waits for the lock like Acquire, runs fn
+// with a context that is cancelled when ctx ends or the lease is lost
+// (context.Cause gives ErrLeaseLost then), releases the lock when fn
+// returns or panics, and returns fn's error. If the lease was lost before
+// it was released, the result also matches ErrLeaseLost: fn may have run
+// partly without the lock. If the lock could not be taken, fn is not
+// called and Acquire's error is returned.
+//
+// The release is made even if ctx has ended, bounded by the Locker's TTL
+// (past it the holding lapses anyway); a failed release is logged at Warn
+// rather than returned, since fn ran under the lock.
+func Do(ctx context.Context, l *Locker, key string, fn func(ctx context.Context) error) (err error) {
+	s, err := l.Acquire(ctx, key)
+	if err != nil {
+		return err
+	}
+	fctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(s.Context(), func() { cancel(context.Cause(s.Context())) })
+	defer func() {
+		stop()
+		cancel(context.Canceled)
+		lostEarly := errors.Is(s.Err(), ErrLeaseLost)
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), l.ttl)
+		rerr := s.Release(rctx)
+		rcancel()
+		switch {
+		case lostEarly || errors.Is(rerr, ErrNotHeld):
+			if err == nil {
+				err = ErrLeaseLost
+			} else if !errors.Is(err, ErrLeaseLost) {
+				err = errors.Join(err, ErrLeaseLost)
+			}
+		case rerr != nil:
+			l.log.Warn("warden: lock release failed; the holding lapses at its expiry",
+				"store", l.st.Name(), "key", key, "owner", l.owner, "token", s.Token(), "error", rerr)
+		}
+	}()
+	return fn(fctx)
+}

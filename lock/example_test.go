@@ -1,0 +1,167 @@
+package lock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"log/slog"
+	"time"
+
+	"github.com/warden-go/warden"
+	"github.com/warden-go/warden/lock"
+	_ "github.com/warden-go/warden/store/memory" // registers memory://
+)
+
+// A lease protects a piece of work; its fencing token goes with every
+// write to the protected resource.
+func Example() {
+	ctx := context.Background()
+	st, err := warden.Open(ctx, "memory://")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer st.Close()
+	locker := lock.New(st, &lock.Options{TTL: 10 * time.Second})
+	defer locker.Close()
+
+	lease, err := locker.Acquire(ctx, "reports/nightly")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("holding", lease.Key(), "token > 0:", lease.Token() > 0)
+	// … work with lease.Context(), sending lease.Token() with each write …
+	if err := lease.Release(ctx); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(lease.Err())
+	// Output:
+	// holding reports/nightly token > 0: true
+	// lock: lease released
+}
+
+func ExampleNew() {
+	ctx := context.Background()
+	st, err := warden.Open(ctx, "memory://?prefix=billing:")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer st.Close()
+	locker := lock.New(st, &lock.Options{
+		Owner: "invoicer-1",
+		TTL:   15 * time.Second, // refreshed every 5 s by default
+	})
+	defer locker.Close()
+	fmt.Println(locker.Owner(), locker.TTL())
+	// Output:
+	// invoicer-1 15s
+}
+
+func ExampleLocker_TryAcquire() {
+	ctx := context.Background()
+	st, err := warden.Open(ctx, "memory://")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer st.Close()
+	a := lock.New(st, &lock.Options{Owner: "worker-a"})
+	defer a.Close()
+	b := lock.New(st, &lock.Options{Owner: "worker-b"})
+	defer b.Close()
+
+	lease, err := a.TryAcquire(ctx, "reports/nightly")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer lease.Release(ctx)
+
+	_, err = b.TryAcquire(ctx, "reports/nightly")
+	var held *lock.HeldError
+	if errors.As(err, &held) {
+		fmt.Println(errors.Is(err, lock.ErrLocked), "held by", held.Owner)
+	}
+	// Output:
+	// true held by worker-a
+}
+
+func ExampleDo() {
+	ctx := context.Background()
+	st, err := warden.Open(ctx, "memory://")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer st.Close()
+	locker := lock.New(st, nil)
+	defer locker.Close()
+
+	err = lock.Do(ctx, locker, "migrations", func(ctx context.Context) error {
+		// ctx is cancelled, with cause lock.ErrLeaseLost, if the lock is
+		// lost while this runs.
+		fmt.Println("migrating")
+		return nil
+	})
+	fmt.Println("done:", err)
+	// Output:
+	// migrating
+	// done: <nil>
+}
+
+func ExampleLocker_Watch() {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	st, err := warden.Open(ctx, "memory://")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer st.Close()
+	locker := lock.New(st, &lock.Options{Owner: "worker-a"})
+	defer locker.Close()
+
+	events, err := locker.Watch(ctx, "jobs/*")
+	if err != nil {
+		log.Fatal(err)
+	}
+	lease, err := locker.Acquire(ctx, "jobs/42")
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		log.Fatal(err)
+	}
+	for range 2 {
+		ev := <-events
+		fmt.Println(ev.Kind, ev.Key, "by", ev.Owner)
+	}
+	// Output:
+	// acquired jobs/42 by worker-a
+	// released jobs/42 by worker-a
+}
+
+// A lease's context ends the moment the lease is lost — here because an
+// operator force-released the lock and the next refresh was refused.
+func ExampleLease_Context() {
+	ctx := context.Background()
+	// Lease losses are logged at Warn to the store's logger; this example
+	// discards them.
+	st, err := warden.OpenWith(ctx, "memory://", &warden.Options{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer st.Close()
+	locker := lock.New(st, &lock.Options{RefreshInterval: 10 * time.Millisecond})
+	defer locker.Close()
+
+	lease, err := locker.Acquire(ctx, "reports/nightly")
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := st.Locks().ForceRelease(ctx, "reports/nightly"); err != nil {
+		log.Fatal(err)
+	}
+	<-lease.Context().Done()
+	fmt.Println(context.Cause(lease.Context()))
+	fmt.Println(lease.Release(ctx))
+	// Output:
+	// lock: lease lost
+	// lock: not held: lock: lease lost
+}

@@ -1,0 +1,275 @@
+package lock
+
+import (
+	"context"
+	"sort"
+	"time"
+
+	"github.com/warden-go/warden"
+	"github.com/warden-go/warden/driver"
+)
+
+// Event is one change of a lock, as Watch delivers it: Kind, Key (without
+// the store's prefix; empty for EventsLost), Owner and Token of the
+// holding concerned, and At, when it happened.
+type Event = driver.LockEvent
+
+// EventKind says what happened to a lock.
+type EventKind = driver.LockEventKind
+
+// The kinds of events.
+const (
+	// Acquired: a new holding began.
+	Acquired = driver.LockAcquired
+	// Released: a holding was released or force-released.
+	Released = driver.LockReleased
+	// Expired: a holding lapsed (reported by stores that can tell, and by
+	// the poller of stores without notifications).
+	Expired = driver.LockExpired
+	// EventsLost: events may be missing (the receiver fell behind);
+	// re-read the state you care about with the store's lock List or Get.
+	EventsLost = driver.EventsLost
+)
+
+// subscribe starts the Locker's one store subscription, which wakes
+// waiters when their key is released, if the store has notifications and
+// the subscription is not running. It reports whether it started it.
+func (l *Locker) subscribe() bool {
+	if !l.canWatch {
+		return false
+	}
+	l.mu.Lock()
+	if l.closed || l.sub != subNone || time.Now().Before(l.subRetry) {
+		l.mu.Unlock()
+		return false
+	}
+	l.sub = subStarting
+	l.mu.Unlock()
+
+	ch, err := l.locks.Watch(l.ctx)
+
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err != nil || l.closed {
+		// A subscription that raced with Close ends with l.ctx.
+		l.sub = subNone
+		l.subRetry = time.Now().Add(l.retryMax)
+		return false
+	}
+	l.sub = subRunning
+	l.wg.Add(1)
+	go l.dispatch(ch)
+	// Releases may have happened before the subscription began.
+	l.wakeAll()
+	return true
+}
+
+// dispatch wakes the first waiter of every key released, and every first
+// waiter when events were lost. It ends when the subscription does (on
+// Close or when the store ends it); waiters then fall back on back-off
+// and restart the subscription on their next wait.
+func (l *Locker) dispatch(ch <-chan driver.LockEvent) {
+	defer l.wg.Done()
+loop:
+	for {
+		var ev driver.LockEvent
+		select {
+		case e, ok := <-ch:
+			if !ok {
+				break loop
+			}
+			ev = e
+		case <-l.ctx.Done():
+			return
+		}
+		l.mu.Lock()
+		switch ev.Kind {
+		case driver.LockReleased, driver.LockExpired:
+			if ks := l.keys[ev.Key]; ks != nil {
+				ks.wakeHead()
+			}
+		case driver.EventsLost:
+			l.wakeAll()
+		}
+		l.mu.Unlock()
+	}
+	l.mu.Lock()
+	l.sub = subNone
+	l.subRetry = time.Now().Add(l.retryMax)
+	l.wakeAll()
+	l.mu.Unlock()
+}
+
+// wakeAll wakes the first waiter of every key; l.mu must be held.
+func (l *Locker) wakeAll() {
+	for _, ks := range l.keys {
+		ks.wakeHead()
+	}
+}
+
+// Watch delivers acquire and release events, from every process, for the
+// keys matching the glob pattern ('*' any run, '?' one character, '\'
+// escapes; "" matches every key), until ctx ends or the Locker closes;
+// then the channel is closed. Events are not replayed: the first ones are
+// the changes after Watch returns.
+//
+// On stores with notifications the events come from the store's stream
+// (each Watch has its own subscription). Delivery is best effort: a
+// receiver that falls behind gets an EventsLost event in place of the
+// events it missed.
+//
+// On stores without notifications Watch polls: it lists the matching
+// locks every PollInterval (default one second) and reports the
+// differences — Acquired for a new holding, Released for a holding gone
+// before its expiry, Expired for one gone after it (both followed by
+// Acquired when another holding replaced it between two polls). Changes
+// that begin and end between two polls are not seen; a receiver that falls
+// behind delays the polls rather than losing events.
+func (l *Locker) Watch(ctx context.Context, pattern string) (<-chan Event, error) {
+	p, err := warden.ParsePattern(pattern)
+	if err != nil {
+		return nil, err
+	}
+	wctx, cancel := l.callCtx(ctx)
+	if l.ctx.Err() != nil {
+		cancel()
+		return nil, ErrClosed
+	}
+	var (
+		src  <-chan driver.LockEvent
+		snap map[string]driver.LockRecord
+	)
+	if l.canWatch {
+		src, err = l.locks.Watch(wctx)
+	} else {
+		snap, err = l.snapshot(wctx, pattern)
+	}
+	if err != nil {
+		cancel()
+		if wctx.Err() != nil {
+			return nil, doneErr(ctx, wctx, nil)
+		}
+		return nil, err
+	}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		cancel()
+		return nil, ErrClosed
+	}
+	l.wg.Add(1)
+	l.mu.Unlock()
+	out := make(chan Event)
+	if src != nil {
+		go l.forward(wctx, cancel, src, p, out)
+	} else {
+		go l.pollLoop(wctx, cancel, pattern, snap, out)
+	}
+	return out, nil
+}
+
+// forward passes the store's events for matching keys to out.
+func (l *Locker) forward(ctx context.Context, cancel context.CancelFunc, src <-chan driver.LockEvent, p driver.Pattern, out chan<- Event) {
+	defer l.wg.Done()
+	defer close(out)
+	defer cancel()
+	for {
+		select {
+		case ev, ok := <-src:
+			if !ok {
+				return
+			}
+			if ev.Kind != driver.EventsLost && !p.Match(ev.Key) {
+				continue
+			}
+			select {
+			case out <- ev:
+			case <-ctx.Done():
+				return
+			}
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// snapshot lists the live holdings matching pattern.
+func (l *Locker) snapshot(ctx context.Context, pattern string) (map[string]driver.LockRecord, error) {
+	recs, err := l.locks.List(ctx, pattern)
+	if err != nil {
+		return nil, err
+	}
+	m := make(map[string]driver.LockRecord, len(recs))
+	for _, r := range recs {
+		m[r.Key] = r
+	}
+	return m, nil
+}
+
+// poll reports the differences between successive listings to out.
+func (l *Locker) pollLoop(ctx context.Context, cancel context.CancelFunc, pattern string, prev map[string]driver.LockRecord, out chan<- Event) {
+	defer l.wg.Done()
+	defer close(out)
+	defer cancel()
+	ticker := time.NewTicker(l.poll)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ticker.C:
+		case <-ctx.Done():
+			return
+		}
+		cur, err := l.snapshot(ctx, pattern)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			continue // the next poll reports the net changes
+		}
+		for _, ev := range diff(prev, cur, time.Now().UTC().Truncate(time.Millisecond)) {
+			select {
+			case out <- ev:
+			case <-ctx.Done():
+				return
+			}
+		}
+		prev = cur
+	}
+}
+
+// diff turns two listings into events, in key order.
+func diff(prev, cur map[string]driver.LockRecord, now time.Time) []Event {
+	keys := make([]string, 0, len(prev)+len(cur))
+	for k := range prev {
+		keys = append(keys, k)
+	}
+	for k := range cur {
+		if _, ok := prev[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	var evs []Event
+	for _, k := range keys {
+		old, had := prev[k]
+		rec, has := cur[k]
+		if had && has && old.Token == rec.Token {
+			continue // unchanged or refreshed
+		}
+		if had {
+			ev := Event{Kind: Released, Key: k, Owner: old.Owner, Token: old.Token, At: now}
+			if !old.ExpiresAt.After(now) {
+				ev.Kind, ev.At = Expired, old.ExpiresAt
+			}
+			evs = append(evs, ev)
+		}
+		if has {
+			at := rec.AcquiredAt
+			if at.IsZero() {
+				at = now
+			}
+			evs = append(evs, Event{Kind: Acquired, Key: k, Owner: rec.Owner, Token: rec.Token, At: at})
+		}
+	}
+	return evs
+}
