@@ -475,7 +475,7 @@ func (c *Checkpoints) Save(ctx context.Context, in driver.CheckpointInput) (cp d
 
 // Load returns the checkpoint with this id.
 func (c *Checkpoints) Load(ctx context.Context, id string) (cp driver.Checkpoint, found bool, err error) {
-	err = c.s.check(ctx, "checkpoint.load", id, ValidateKey(id), func() (err error) {
+	err = c.s.check(ctx, "checkpoint.load", id, checkpointIDErr(id), func() (err error) {
 		cp, found, err = c.d.Load(ctx, id)
 		return err
 	})
@@ -530,4 +530,15 @@ func (c *Checkpoints) Tasks(ctx context.Context, pattern string) (ids []string, 
 		return err
 	})
 	return ids, err
+}
+
+// checkpointIDErr checks a checkpoint id. An id made by
+// driver.CheckpointID is a task id, a colon and a sequence number, so it may
+// be up to 20 bytes longer than a key; anything else must at least be a
+// valid key (and is simply not found).
+func checkpointIDErr(id string) error {
+	if task, _, ok := driver.ParseCheckpointID(id); ok {
+		return ValidateKey(task)
+	}
+	return ValidateKey(id)
 }

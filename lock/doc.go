@@ -16,8 +16,10 @@
 // Acquire waits for a key and returns a [Lease]; TryAcquire makes one
 // attempt and returns [ErrLocked] (a [*HeldError] naming the holder) if
 // the key is held. A lease lasts TTL in the store and renews itself in the
-// background every RefreshInterval, with one timer per lease and no
-// goroutine, so a process can hold tens of thousands. Release ends it.
+// background every RefreshInterval. The Locker schedules all its leases on
+// one timer and refreshes them with a small, bounded pool of workers, so a
+// held lease costs no goroutine and a process can hold tens of thousands.
+// Release ends it.
 //
 // The lease's Context is cancelled the moment the lease ends; its cause
 // (and Err) is [ErrReleased] after a release and [ErrLeaseLost] when the

@@ -1,0 +1,402 @@
+package drivertest
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/warden-go/warden/driver"
+)
+
+func (s *suite) checkpoints(t *testing.T) {
+	group(t, []check{
+		{"ConcurrentSave", s.cpConcurrentSave},
+		{"Order", s.cpOrder},
+		{"Paging", s.cpPaging},
+		{"Cleanup", s.cpCleanup},
+		{"DeleteAll", s.cpDeleteAll},
+		{"Tasks", s.cpTasks},
+		{"TokenGuard", s.cpTokenGuard},
+		{"Values", s.cpValues},
+	})
+}
+
+// sameCheckpoint compares two checkpoints.
+func sameCheckpoint(a, b driver.Checkpoint) bool {
+	return a.ID == b.ID && a.TaskID == b.TaskID && a.Sequence == b.Sequence && a.Time.Equal(b.Time) &&
+		a.Progress == b.Progress && string(a.Data) == string(b.Data) && a.ETA == b.ETA && a.Token == b.Token
+}
+
+// sequences returns the sequences of a list of checkpoints.
+func sequences(cps []driver.Checkpoint) []int64 {
+	out := make([]int64, len(cps))
+	for i, cp := range cps {
+		out[i] = cp.Sequence
+	}
+	return out
+}
+
+// wantSequences checks a task's list is exactly the given sequences.
+func wantSequences(t *testing.T, what string, cps []driver.Checkpoint, want ...int64) {
+	t.Helper()
+	got := sequences(cps)
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		if len(got) > 20 || len(want) > 20 {
+			t.Errorf("%s: %d checkpoints with sequences from %v, want %d", what, len(got), got[:min(len(got), 12)], len(want))
+			return
+		}
+		t.Errorf("%s: sequences %v, want %v", what, got, want)
+	}
+}
+
+// seqRange returns from..to.
+func seqRange(from, to int64) []int64 {
+	var out []int64
+	for i := from; i <= to; i++ {
+		out = append(out, i)
+	}
+	return out
+}
+
+// cpConcurrentSave: concurrent savers get distinct consecutive sequences.
+func (s *suite) cpConcurrentSave(t *testing.T) {
+	ec := newErrorCap(t, "cpConcurrentSave")
+	defer ec.done()
+	ctx := testCtx(t)
+	st, _ := s.open(t)
+	c := st.Checkpoints()
+	const savers, saves = 8, 10
+	const task = "concurrent"
+	saved := make([][]driver.Checkpoint, savers)
+	var errs errList
+	parallel(savers, func(g int) {
+		for i := range saves {
+			cp, ok, err := c.Save(ctx, driver.CheckpointInput{TaskID: task, Progress: float64(i), Data: []byte(fmt.Sprintf("%d/%d", g, i))})
+			if err != nil || !ok {
+				errs.add("Save: ok=%v err=%v", ok, err)
+				continue
+			}
+			saved[g] = append(saved[g], cp)
+		}
+	})
+	errs.report(t, "Save")
+	bySeq := map[int64]driver.Checkpoint{}
+	dups := 0
+	for _, list := range saved {
+		for i, cp := range list {
+			if prev, dup := bySeq[cp.Sequence]; dup {
+				if dups == 0 {
+					ec.Errorf("sequence %d handed to two savers (data %q and %q)", cp.Sequence, prev.Data, cp.Data)
+				}
+				dups++
+			}
+			bySeq[cp.Sequence] = cp
+			if cp.ID != driver.CheckpointID(task, cp.Sequence) || cp.TaskID != task {
+				ec.Errorf("Save returned id %q task %q for sequence %d", cp.ID, cp.TaskID, cp.Sequence)
+			}
+			if i > 0 && cp.Sequence <= list[i-1].Sequence {
+				ec.Errorf("one saver got sequence %d after %d", cp.Sequence, list[i-1].Sequence)
+			}
+		}
+	}
+	if dups > 0 {
+		ec.Errorf("%d duplicate sequences among %d concurrent saves", dups, savers*saves)
+	}
+	for seq := int64(1); seq <= savers*saves; seq++ {
+		if _, ok := bySeq[seq]; !ok {
+			ec.Errorf("no save got sequence %d; want exactly 1..%d", seq, savers*saves)
+			break
+		}
+	}
+	list, err := c.List(ctx, task)
+	fatalIf(t, "List", err)
+	wantSequences(t, "List", list, seqRange(1, savers*saves)...)
+	for _, cp := range list {
+		if want, ok := bySeq[cp.Sequence]; ok && !sameCheckpoint(cp, want) {
+			ec.Errorf("List has %+v for sequence %d, Save returned %+v", cp, cp.Sequence, want)
+		}
+	}
+}
+
+// cpOrder: List is in numeric sequence order past 9; fields round-trip;
+// Latest and Load.
+func (s *suite) cpOrder(t *testing.T) {
+	ctx := testCtx(t)
+	st, _ := s.open(t)
+	c := st.Checkpoints()
+	const task = "ordered"
+	var saved []driver.Checkpoint
+	for i := int64(1); i <= 12; i++ {
+		in := driver.CheckpointInput{
+			TaskID:   task,
+			Progress: float64(i)*8 + 0.25,
+			Data:     []byte(fmt.Sprintf("data-%d", i)),
+			ETA:      time.Duration(i)*time.Second + 7*time.Millisecond,
+		}
+		cp, ok, err := c.Save(ctx, in)
+		fatalIf(t, "Save", err)
+		if !ok {
+			t.Fatal("Save without a token refused")
+		}
+		if cp.Sequence != i || cp.ID != driver.CheckpointID(task, i) || cp.TaskID != task {
+			t.Errorf("save %d: sequence %d id %q task %q", i, cp.Sequence, cp.ID, cp.TaskID)
+		}
+		if cp.Progress != in.Progress || string(cp.Data) != string(in.Data) || cp.ETA != in.ETA || cp.Token != 0 {
+			t.Errorf("save %d returned progress %v data %q ETA %v token %d; want %v %q %v 0", i, cp.Progress, cp.Data, cp.ETA, cp.Token, in.Progress, in.Data, in.ETA)
+		}
+		checkTime(t, "checkpoint Time", cp.Time)
+		if n := len(saved); n > 0 && cp.Time.Before(saved[n-1].Time) {
+			t.Errorf("checkpoint %d's time %v is before checkpoint %d's %v", i, cp.Time, i-1, saved[n-1].Time)
+		}
+		saved = append(saved, cp)
+	}
+	list, err := c.List(ctx, task)
+	fatalIf(t, "List", err)
+	wantSequences(t, "List", list, seqRange(1, 12)...)
+	for i, cp := range list {
+		if i < len(saved) && !sameCheckpoint(cp, saved[i]) {
+			t.Errorf("List[%d] = %+v, Save returned %+v", i, cp, saved[i])
+		}
+	}
+	latest, found, err := c.Latest(ctx, task)
+	fatalIf(t, "Latest", err)
+	if !found || !sameCheckpoint(latest, saved[11]) {
+		t.Errorf("Latest = %+v found=%v, want sequence 12: %+v", latest, found, saved[11])
+	}
+	for _, seq := range []int64{1, 2, 9, 10, 12} {
+		cp, found, err := c.Load(ctx, driver.CheckpointID(task, seq))
+		if errorIf(t, "Load", err) {
+			continue
+		}
+		if !found || !sameCheckpoint(cp, saved[seq-1]) {
+			t.Errorf("Load %d = %+v found=%v, want %+v", seq, cp, found, saved[seq-1])
+		}
+	}
+	for _, id := range []string{driver.CheckpointID(task, 13), driver.CheckpointID(task, 0), task + ":01", task, "no-such-task:1", "not an id"} {
+		if _, found, err := c.Load(ctx, id); err != nil || found {
+			t.Errorf("Load %q: found=%v err=%v, want absent", id, found, err)
+		}
+	}
+	if _, found, err := c.Latest(ctx, "no-such-task"); err != nil || found {
+		t.Errorf("Latest of an unknown task: found=%v err=%v", found, err)
+	}
+	if cps, err := c.List(ctx, "no-such-task"); err != nil || len(cps) != 0 {
+		t.Errorf("List of an unknown task: %d err=%v", len(cps), err)
+	}
+	// A task id that looks like another task's checkpoint id.
+	other := driver.CheckpointID(task, 1)
+	if cp, ok, err := c.Save(ctx, driver.CheckpointInput{TaskID: other}); err != nil || !ok || cp.Sequence != 1 {
+		t.Errorf("Save to task %q: sequence %d ok=%v err=%v, want its first", other, cp.Sequence, ok, err)
+	}
+	if cps, err := c.List(ctx, task); err != nil || len(cps) != 12 {
+		t.Errorf("saving to task %q changed task %q: %d checkpoints, err=%v", other, task, len(cps), err)
+	}
+}
+
+// cpPaging: List returns every checkpoint of a large task, in order.
+func (s *suite) cpPaging(t *testing.T) {
+	ctx := testCtx(t)
+	st, _ := s.open(t)
+	c := st.Checkpoints()
+	const n = 1050
+	const task = "long"
+	var errs errList
+	parallel(10, func(int) {
+		for range n / 10 {
+			if _, ok, err := c.Save(ctx, driver.CheckpointInput{TaskID: task}); err != nil || !ok {
+				errs.add("Save: ok=%v err=%v", ok, err)
+			}
+		}
+	})
+	errs.report(t, "Save")
+	list, err := c.List(ctx, task)
+	fatalIf(t, "List", err)
+	wantSequences(t, "List", list, seqRange(1, n)...)
+	latest, found, err := c.Latest(ctx, task)
+	if err != nil || !found || latest.Sequence != n {
+		t.Errorf("Latest: sequence %d found=%v err=%v, want %d", latest.Sequence, found, err, n)
+	}
+}
+
+// cpCleanup: Cleanup keeps the newest N; sequences continue afterwards.
+func (s *suite) cpCleanup(t *testing.T) {
+	ctx := testCtx(t)
+	st, _ := s.open(t)
+	c := st.Checkpoints()
+	for i := 0; i < 12; i++ {
+		if _, ok, err := c.Save(ctx, driver.CheckpointInput{TaskID: "job"}); err != nil || !ok {
+			t.Fatalf("Save: ok=%v err=%v", ok, err)
+		}
+	}
+	for i := 0; i < 3; i++ {
+		if _, ok, err := c.Save(ctx, driver.CheckpointInput{TaskID: "bystander"}); err != nil || !ok {
+			t.Fatalf("Save: ok=%v err=%v", ok, err)
+		}
+	}
+	n, err := c.Cleanup(ctx, "job", 3)
+	fatalIf(t, "Cleanup", err)
+	if n != 9 {
+		t.Errorf("Cleanup keeping 3 of 12 deleted %d, want 9", n)
+	}
+	list, err := c.List(ctx, "job")
+	fatalIf(t, "List", err)
+	wantSequences(t, "List after Cleanup", list, 10, 11, 12)
+	if _, found, err := c.Load(ctx, driver.CheckpointID("job", 9)); err != nil || found {
+		t.Errorf("Load of a cleaned-up checkpoint: found=%v err=%v", found, err)
+	}
+	for _, keep := range []int{3, 5} {
+		if n, err := c.Cleanup(ctx, "job", keep); err != nil || n != 0 {
+			t.Errorf("Cleanup keeping %d of 3: deleted %d err=%v, want 0", keep, n, err)
+		}
+	}
+	cp, ok, err := c.Save(ctx, driver.CheckpointInput{TaskID: "job"})
+	if err != nil || !ok || cp.Sequence != 13 {
+		t.Errorf("Save after Cleanup: sequence %d ok=%v err=%v, want 13 (sequences are never reused)", cp.Sequence, ok, err)
+	}
+	n, err = c.Cleanup(ctx, "job", 0)
+	fatalIf(t, "Cleanup", err)
+	if n != 4 {
+		t.Errorf("Cleanup keeping 0 of 4 deleted %d", n)
+	}
+	if _, found, err := c.Latest(ctx, "job"); err != nil || found {
+		t.Errorf("Latest after Cleanup keeping 0: found=%v err=%v", found, err)
+	}
+	list, err = c.List(ctx, "bystander")
+	fatalIf(t, "List", err)
+	wantSequences(t, "another task after Cleanup", list, 1, 2, 3)
+	if n, err := c.Cleanup(ctx, "no-such-task", 1); err != nil || n != 0 {
+		t.Errorf("Cleanup of an unknown task: %d err=%v", n, err)
+	}
+}
+
+// cpDeleteAll: DeleteAll removes one task's checkpoints only.
+func (s *suite) cpDeleteAll(t *testing.T) {
+	ctx := testCtx(t)
+	st, _ := s.open(t)
+	c := st.Checkpoints()
+	for _, task := range []string{"a", "a", "a", "a", "a", "b", "b", "b", "a:1", "a*"} {
+		if _, ok, err := c.Save(ctx, driver.CheckpointInput{TaskID: task}); err != nil || !ok {
+			t.Fatalf("Save: ok=%v err=%v", ok, err)
+		}
+	}
+	n, err := c.DeleteAll(ctx, "a")
+	fatalIf(t, "DeleteAll", err)
+	if n != 5 {
+		t.Errorf("DeleteAll deleted %d, want 5", n)
+	}
+	if cps, err := c.List(ctx, "a"); err != nil || len(cps) != 0 {
+		t.Errorf("List after DeleteAll: %d err=%v", len(cps), err)
+	}
+	if _, found, err := c.Latest(ctx, "a"); err != nil || found {
+		t.Errorf("Latest after DeleteAll: found=%v err=%v", found, err)
+	}
+	if _, found, err := c.Load(ctx, driver.CheckpointID("a", 1)); err != nil || found {
+		t.Errorf("Load after DeleteAll: found=%v err=%v", found, err)
+	}
+	tasks, err := c.Tasks(ctx, "*")
+	fatalIf(t, "Tasks", err)
+	sameKeys(t, "Tasks after DeleteAll", tasks, []string{"a*", "a:1", "b"})
+	for task, want := range map[string]int{"b": 3, "a:1": 1, "a*": 1} {
+		if cps, err := c.List(ctx, task); err != nil || len(cps) != want {
+			t.Errorf("DeleteAll of task a touched task %q: %d checkpoints left, err=%v, want %d", task, len(cps), err, want)
+		}
+	}
+	if n, err := c.DeleteAll(ctx, "a"); err != nil || n != 0 {
+		t.Errorf("second DeleteAll: %d err=%v", n, err)
+	}
+}
+
+// cpTasks: Tasks lists task ids matching a glob, sorted.
+func (s *suite) cpTasks(t *testing.T) {
+	ctx := testCtx(t)
+	st, _ := s.open(t)
+	c := st.Checkpoints()
+	tasks := []string{"job:1", "job:2", "job:10", "job:?x", "other", "job:%", "job:_"}
+	for _, task := range tasks {
+		if _, ok, err := c.Save(ctx, driver.CheckpointInput{TaskID: task}); err != nil || !ok {
+			t.Fatalf("Save: ok=%v err=%v", ok, err)
+		}
+	}
+	if _, ok, err := c.Save(ctx, driver.CheckpointInput{TaskID: "job:cleaned"}); err != nil || !ok {
+		t.Fatalf("Save: ok=%v err=%v", ok, err)
+	}
+	if _, err := c.Cleanup(ctx, "job:cleaned", 0); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"*", "", "job:*", "job:?", `job:\?x`, "job:%", "job:_", "*1*", "o*", "x*"} {
+		got, err := c.Tasks(ctx, p)
+		if errorIf(t, "Tasks "+p, err) {
+			continue
+		}
+		sameKeys(t, fmt.Sprintf("Tasks %q", p), got, matching(tasks, p))
+	}
+}
+
+// cpTokenGuard: a save with a smaller fencing token than a stored
+// checkpoint's is refused (a zombie); equal and greater are accepted;
+// token 0 is unguarded.
+func (s *suite) cpTokenGuard(t *testing.T) {
+	ctx := testCtx(t)
+	st, _ := s.open(t)
+	c := st.Checkpoints()
+	const task = "fenced"
+	steps := []struct {
+		token int64
+		ok    bool
+	}{
+		{5, true}, {3, false}, {5, true}, {7, true}, {5, false}, {6, false}, {0, true}, {7, true}, {1, false}, {8, true},
+	}
+	var accepted []int64
+	for _, step := range steps {
+		cp, ok, err := c.Save(ctx, driver.CheckpointInput{TaskID: task, Token: step.token, Data: []byte(fmt.Sprint(step.token))})
+		fatalIf(t, "Save", err)
+		if ok != step.ok {
+			t.Errorf("Save with token %d after tokens %v: ok=%v, want %v", step.token, accepted, ok, step.ok)
+		}
+		if ok {
+			accepted = append(accepted, step.token)
+			if cp.Token != step.token {
+				t.Errorf("saved checkpoint carries token %d, want %d", cp.Token, step.token)
+			}
+		}
+	}
+	list, err := c.List(ctx, task)
+	fatalIf(t, "List", err)
+	var tokens []int64
+	for i, cp := range list {
+		tokens = append(tokens, cp.Token)
+		if i > 0 && cp.Sequence <= list[i-1].Sequence {
+			t.Errorf("sequences out of order: %v", sequences(list))
+		}
+	}
+	if fmt.Sprint(tokens) != "[5 5 7 0 7 8]" {
+		t.Errorf("stored tokens %v, want [5 5 7 0 7 8]: refused saves must write nothing", tokens)
+	}
+	if cp, ok, err := c.Save(ctx, driver.CheckpointInput{TaskID: "other", Token: 1}); err != nil || !ok || cp.Sequence != 1 {
+		t.Errorf("Save with token 1 to another task: ok=%v err=%v: tokens are per task", ok, err)
+	}
+}
+
+// cpValues: checkpoint data round-trips byte for byte.
+func (s *suite) cpValues(t *testing.T) {
+	ctx := testCtx(t)
+	st, _ := s.open(t)
+	c := st.Checkpoints()
+	for _, vc := range valueCases(st.Limits().MaxValueBytes) {
+		cp, ok, err := c.Save(ctx, driver.CheckpointInput{TaskID: vc.name, Data: vc.v})
+		if err != nil || !ok {
+			t.Errorf("Save %s: ok=%v err=%v", vc.name, ok, err)
+			continue
+		}
+		got, found, err := c.Load(ctx, cp.ID)
+		if err != nil || !found {
+			t.Errorf("Load %s: found=%v err=%v", vc.name, found, err)
+			continue
+		}
+		wantValue(t, vc.name, got.Data, vc.v)
+		latest, _, err := c.Latest(ctx, vc.name)
+		if !errorIf(t, "Latest", err) {
+			wantValue(t, vc.name+" (Latest)", latest.Data, vc.v)
+		}
+	}
+}

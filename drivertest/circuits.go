@@ -1,0 +1,522 @@
+package drivertest
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/warden-go/warden"
+	"github.com/warden-go/warden/driver"
+)
+
+func (s *suite) circuits(t *testing.T) {
+	group(t, []check{
+		{"ConcurrentFailures", s.circuitConcurrentFailures},
+		{"Threshold", s.circuitThreshold},
+		{"RecordSuccess", s.circuitRecordSuccess},
+		{"ProbeTiming", s.circuitProbeTiming},
+		{"ProbeExclusive", s.circuitProbeExclusive},
+		{"ProbeLease", s.circuitProbeLease},
+		{"HalfOpenFailure", s.circuitHalfOpenFailure},
+		{"HalfOpenSuccess", s.circuitHalfOpenSuccess},
+		{"Operators", s.circuitOperators},
+	})
+}
+
+// sameCircuit compares two circuit records.
+func sameCircuit(a, b driver.CircuitRecord) bool {
+	return a.Name == b.Name && a.State == b.State && a.Failures == b.Failures &&
+		a.LastFailure.Equal(b.LastFailure) && a.LastSuccess.Equal(b.LastSuccess) &&
+		a.OpenedAt.Equal(b.OpenedAt) && a.ProbeOwner == b.ProbeOwner &&
+		a.ProbeUntil.Equal(b.ProbeUntil) && a.Version == b.Version && a.UpdatedAt.Equal(b.UpdatedAt)
+}
+
+// wantCircuit checks a circuit's state and failure count.
+func wantCircuit(t *testing.T, what string, rec driver.CircuitRecord, name string, state driver.CircuitState, failures int64) {
+	t.Helper()
+	if rec.Name != name || rec.State != state || rec.Failures != failures {
+		t.Errorf("%s: got %s %s with %d failures, want %s %s with %d failures", what, short(rec.Name), rec.State, rec.Failures, short(name), state, failures)
+	}
+}
+
+// openCircuit opens a fresh circuit with one failure at threshold 1.
+func openCircuit(t *testing.T, c *warden.Circuits, name string) (driver.CircuitRecord, span) {
+	t.Helper()
+	var rec driver.CircuitRecord
+	var err error
+	sp := timed(func() { rec, err = c.RecordFailure(t.Context(), name, 1) })
+	fatalIf(t, "RecordFailure", err)
+	wantCircuit(t, "RecordFailure at threshold 1", rec, name, driver.Open, 1)
+	checkTime(t, "OpenedAt", rec.OpenedAt)
+	checkTime(t, "LastFailure", rec.LastFailure)
+	return rec, sp
+}
+
+// circuitConcurrentFailures: concurrent failures are all counted, each
+// count is returned once, and the circuit opens exactly at the threshold.
+func (s *suite) circuitConcurrentFailures(t *testing.T) {
+	ec := newErrorCap(t, "circuitConcurrentFailures")
+	defer ec.done()
+	ctx := testCtx(t)
+	st, _ := s.open(t)
+	c := st.Circuits()
+	const callers, threshold = 64, 20
+	const name = "concurrent"
+	recs := make([]driver.CircuitRecord, callers)
+	errs := make([]error, callers)
+	parallel(callers, func(i int) {
+		recs[i], errs[i] = c.RecordFailure(ctx, name, threshold)
+	})
+	times := map[int64]int{}
+	var ok []driver.CircuitRecord
+	for i, err := range errs {
+		if errorIf(t, "RecordFailure", err) {
+			continue
+		}
+		times[recs[i].Failures]++
+		ok = append(ok, recs[i])
+	}
+	var lost []string
+	for k := int64(1); k <= callers; k++ {
+		if times[k] != 1 {
+			lost = append(lost, fmt.Sprintf("count %d returned %d times", k, times[k]))
+		}
+	}
+	if len(lost) > 0 {
+		ec.Errorf("%d concurrent RecordFailure calls did not return each count 1..%d once (increments lost): %s", callers, callers, quoteSome(lost))
+	}
+	sort.Slice(ok, func(i, j int) bool { return ok[i].Failures < ok[j].Failures })
+	var openedAt = map[int64]bool{}
+	for i, rec := range ok {
+		want := driver.Closed
+		if rec.Failures >= threshold {
+			want = driver.Open
+			openedAt[rec.OpenedAt.UnixMilli()] = true
+		} else if !rec.OpenedAt.IsZero() {
+			ec.Errorf("record with %d failures (threshold %d) has OpenedAt %v", rec.Failures, threshold, rec.OpenedAt)
+		}
+		if rec.State != want {
+			ec.Errorf("record with %d failures (threshold %d) is %s, want %s", rec.Failures, threshold, rec.State, want)
+		}
+		if rec.Name != name {
+			ec.Errorf("record name %q, want %q", rec.Name, name)
+		}
+		if i > 0 && rec.Version <= ok[i-1].Version {
+			ec.Errorf("version %d with %d failures is not above version %d with %d failures", rec.Version, rec.Failures, ok[i-1].Version, ok[i-1].Failures)
+		}
+	}
+	if len(openedAt) != 1 {
+		ec.Errorf("records at or above the threshold show %d different OpenedAt times, want 1 (opened once)", len(openedAt))
+	}
+	rec, found, err := c.Get(ctx, name)
+	fatalIf(t, "Get", err)
+	if !found {
+		t.Fatal("Get: not found")
+	}
+	wantCircuit(t, "Get after the failures", rec, name, driver.Open, callers)
+}
+
+// circuitThreshold: the circuit opens exactly when the count reaches the
+// threshold, and stays open.
+func (s *suite) circuitThreshold(t *testing.T) {
+	ctx := testCtx(t)
+	st, _ := s.open(t)
+	c := st.Circuits()
+	if _, found, err := c.Get(ctx, "fresh"); err != nil || found {
+		t.Errorf("Get of a new circuit: found=%v err=%v, want absent", found, err)
+	}
+	openCircuit(t, c, "one")
+	for i := int64(1); i <= 5; i++ {
+		rec, err := c.RecordFailure(ctx, "three", 3)
+		fatalIf(t, "RecordFailure", err)
+		state := driver.Closed
+		if i >= 3 {
+			state = driver.Open
+		}
+		wantCircuit(t, fmt.Sprintf("failure %d at threshold 3", i), rec, "three", state, i)
+		checkTime(t, "LastFailure", rec.LastFailure)
+		checkTime(t, "UpdatedAt", rec.UpdatedAt)
+		if i < 3 && !rec.OpenedAt.IsZero() {
+			t.Errorf("failure %d: OpenedAt set before opening", i)
+		}
+	}
+}
+
+// circuitRecordSuccess: a success resets a closed circuit's count and does
+// not close an open one.
+func (s *suite) circuitRecordSuccess(t *testing.T) {
+	ctx := testCtx(t)
+	st, _ := s.open(t)
+	c := st.Circuits()
+	var last driver.CircuitRecord
+	for range 3 {
+		var err error
+		last, err = c.RecordFailure(ctx, "closed", 10)
+		fatalIf(t, "RecordFailure", err)
+	}
+	rec, err := c.RecordSuccess(ctx, "closed")
+	fatalIf(t, "RecordSuccess", err)
+	wantCircuit(t, "success after 3 failures", rec, "closed", driver.Closed, 0)
+	checkTime(t, "LastSuccess", rec.LastSuccess)
+	if !rec.LastFailure.Equal(last.LastFailure) {
+		t.Errorf("RecordSuccess changed LastFailure from %v to %v", last.LastFailure, rec.LastFailure)
+	}
+	if rec.Version <= last.Version {
+		t.Errorf("RecordSuccess: version %d is not above %d", rec.Version, last.Version)
+	}
+	rec, err = c.RecordFailure(ctx, "closed", 10)
+	fatalIf(t, "RecordFailure", err)
+	wantCircuit(t, "failure after a success", rec, "closed", driver.Closed, 1)
+
+	opened, _ := openCircuit(t, c, "open")
+	rec, err = c.RecordSuccess(ctx, "open")
+	fatalIf(t, "RecordSuccess", err)
+	if rec.State != driver.Open || !rec.OpenedAt.Equal(opened.OpenedAt) {
+		t.Errorf("RecordSuccess on an open circuit: %s opened at %v, want it to stay open since %v", rec.State, rec.OpenedAt, opened.OpenedAt)
+	}
+
+	rec, err = c.RecordSuccess(ctx, "absent")
+	fatalIf(t, "RecordSuccess", err)
+	wantCircuit(t, "success on a new circuit", rec, "absent", driver.Closed, 0)
+}
+
+// circuitProbeTiming: no probe before openFor has passed since opening; a
+// probe at once after.
+func (s *suite) circuitProbeTiming(t *testing.T) {
+	ctx := testCtx(t)
+	st, _ := s.open(t)
+	c := st.Circuits()
+	rec, granted, err := c.TryProbe(ctx, "closed", "prober", time.Second, time.Second)
+	fatalIf(t, "TryProbe", err)
+	if granted || rec.State != driver.Closed {
+		t.Errorf("TryProbe on a closed circuit: granted=%v state %s, want refused, closed", granted, rec.State)
+	}
+	openCircuit(t, c, "long")
+	rec, granted, err = c.TryProbe(ctx, "long", "prober", 10*time.Second, time.Second)
+	fatalIf(t, "TryProbe", err)
+	if granted || rec.State != driver.Open {
+		t.Errorf("TryProbe right after opening (openFor 10 s): granted=%v state %s, want refused, open", granted, rec.State)
+	}
+
+	timing(t, 150*time.Millisecond, func(openFor time.Duration) bool {
+		name := fmt.Sprintf("timed-%d", openFor.Milliseconds())
+		opened, a := openCircuit(t, c, name)
+		rec, granted, err := c.TryProbe(ctx, name, "early", openFor, time.Minute)
+		tb := time.Now()
+		fatalIf(t, "TryProbe", err)
+		if granted {
+			if early(a.start, openFor, tb) {
+				t.Errorf("probe granted %v after opening with openFor %v", tb.Sub(a.start), openFor)
+				return true
+			}
+			return false
+		}
+		if rec.State != driver.Open {
+			t.Errorf("refused early probe: state %s, want open", rec.State)
+		}
+		sleepUntil(t, ctx, a.end.Add(openFor+50*time.Millisecond))
+		rec, granted, err = c.TryProbe(ctx, name, "prober", openFor, 10*time.Second)
+		fatalIf(t, "TryProbe", err)
+		if !granted {
+			t.Errorf("TryProbe %v after opening with openFor %v: not granted (state %s)", time.Since(a.end), openFor, rec.State)
+			return true
+		}
+		if rec.State != driver.HalfOpen || rec.ProbeOwner != "prober" {
+			t.Errorf("granted probe: state %s, probe owner %q; want half-open, prober", rec.State, rec.ProbeOwner)
+		}
+		checkTime(t, "ProbeUntil", rec.ProbeUntil)
+		if !rec.ProbeUntil.After(opened.OpenedAt) {
+			t.Errorf("ProbeUntil %v is not after OpenedAt %v", rec.ProbeUntil, opened.OpenedAt)
+		}
+		other, granted, err := c.TryProbe(ctx, name, "other", openFor, 10*time.Second)
+		fatalIf(t, "TryProbe", err)
+		if granted || other.ProbeOwner != "prober" || other.State != driver.HalfOpen {
+			t.Errorf("second prober: granted=%v state %s, probe owner %q; want refused while prober holds the slot", granted, other.State, other.ProbeOwner)
+		}
+		again, granted, err := c.TryProbe(ctx, name, "prober", openFor, 10*time.Second)
+		fatalIf(t, "TryProbe", err)
+		if !granted || again.ProbeOwner != "prober" {
+			t.Errorf("the slot holder asking again: granted=%v owner %q, want granted", granted, again.ProbeOwner)
+		}
+		return true
+	})
+}
+
+// circuitProbeExclusive: among many concurrent probers exactly one gets
+// the slot.
+func (s *suite) circuitProbeExclusive(t *testing.T) {
+	ec := newErrorCap(t, "circuitProbeExclusive")
+	defer ec.done()
+	ctx := testCtx(t)
+	st, _ := s.open(t)
+	c := st.Circuits()
+	const probers, names = 16, 10
+	for n := range names {
+		name := fmt.Sprintf("probe-%d", n)
+		openCircuit(t, c, name)
+		recs := make([]driver.CircuitRecord, probers)
+		granted := make([]bool, probers)
+		errs := make([]error, probers)
+		parallel(probers, func(i int) {
+			recs[i], granted[i], errs[i] = c.TryProbe(ctx, name, fmt.Sprintf("prober-%d", i), 0, time.Minute)
+		})
+		winner := ""
+		for i := range probers {
+			if errorIf(t, "TryProbe", errs[i]) {
+				continue
+			}
+			if granted[i] {
+				if winner != "" {
+					ec.Errorf("%s: probe slot granted to both %s and %s", name, winner, recs[i].ProbeOwner)
+				}
+				winner = recs[i].ProbeOwner
+			}
+		}
+		if winner == "" {
+			ec.Errorf("%s: none of %d concurrent probers got the slot", name, probers)
+			continue
+		}
+		for i := range probers {
+			if errs[i] == nil && !granted[i] && (recs[i].State != driver.HalfOpen || recs[i].ProbeOwner != winner) {
+				ec.Errorf("%s: a refused prober saw state %s, probe owner %q; want half-open, %s", name, recs[i].State, recs[i].ProbeOwner, winner)
+			}
+		}
+	}
+}
+
+// circuitProbeLease: the probe slot is a lease; after it lapses another
+// owner may probe.
+func (s *suite) circuitProbeLease(t *testing.T) {
+	ctx := testCtx(t)
+	st, _ := s.open(t)
+	c := st.Circuits()
+
+	// Millisecond precision of the lease.
+	openCircuit(t, c, "precision")
+	var r1, r2 driver.CircuitRecord
+	var g1, g2 bool
+	var e1, e2 error
+	a := timed(func() { r1, g1, e1 = c.TryProbe(ctx, "precision", "p", 0, 1234*time.Millisecond) })
+	b := timed(func() { r2, g2, e2 = c.TryProbe(ctx, "precision", "p", 0, 2345*time.Millisecond) })
+	fatalIf(t, "TryProbe", e1)
+	fatalIf(t, "TryProbe", e2)
+	if !g1 || !g2 {
+		t.Fatalf("TryProbe by the slot holder: granted %v, %v", g1, g2)
+	}
+	checkDelta(t, "probe lease 2345 ms after 1234 ms", r2.ProbeUntil.Sub(r1.ProbeUntil), 1111*time.Millisecond, a, b)
+
+	timing(t, 150*time.Millisecond, func(lease time.Duration) bool {
+		name := fmt.Sprintf("lease-%d", lease.Milliseconds())
+		openCircuit(t, c, name)
+		var first driver.CircuitRecord
+		var granted bool
+		var err error
+		a := timed(func() { first, granted, err = c.TryProbe(ctx, name, "first", 0, lease) })
+		fatalIf(t, "TryProbe", err)
+		if !granted {
+			t.Fatalf("TryProbe with openFor 0: not granted (state %s)", first.State)
+		}
+		rec, granted, err := c.TryProbe(ctx, name, "second", 0, lease)
+		tb := time.Now()
+		fatalIf(t, "TryProbe", err)
+		if granted {
+			if early(a.start, lease, tb) {
+				t.Errorf("second prober got the slot %v after the first took a %v lease", tb.Sub(a.start), lease)
+				return true
+			}
+			return false
+		}
+		if rec.ProbeOwner != "first" {
+			t.Errorf("refused prober sees probe owner %q, want first", rec.ProbeOwner)
+		}
+		sleepUntil(t, ctx, a.end.Add(lease+50*time.Millisecond))
+		rec, granted, err = c.TryProbe(ctx, name, "second", 0, time.Minute)
+		fatalIf(t, "TryProbe", err)
+		if !granted || rec.ProbeOwner != "second" || rec.State != driver.HalfOpen {
+			t.Errorf("TryProbe after the first prober's lease lapsed: granted=%v owner %q state %s, want granted to second", granted, rec.ProbeOwner, rec.State)
+		}
+		if _, granted, err := c.TryProbe(ctx, name, "first", 0, time.Minute); err != nil || granted {
+			t.Errorf("the lapsed prober asking again: granted=%v err=%v, want refused", granted, err)
+		}
+		return true
+	})
+}
+
+// circuitHalfOpenFailure: a failure in half-open re-opens the circuit
+// whatever the threshold, restarting the open period.
+func (s *suite) circuitHalfOpenFailure(t *testing.T) {
+	ctx := testCtx(t)
+	st, _ := s.open(t)
+	c := st.Circuits()
+	timing(t, 150*time.Millisecond, func(openFor time.Duration) bool {
+		name := fmt.Sprintf("reopen-%d", openFor.Milliseconds())
+		first, a := openCircuit(t, c, name)
+		sleepUntil(t, ctx, a.end.Add(openFor+50*time.Millisecond))
+		probe, granted, err := c.TryProbe(ctx, name, "prober", openFor, time.Minute)
+		fatalIf(t, "TryProbe", err)
+		if !granted {
+			t.Fatalf("TryProbe after openFor: not granted (state %s)", probe.State)
+		}
+		var rec driver.CircuitRecord
+		b := timed(func() { rec, err = c.RecordFailure(ctx, name, 100) })
+		fatalIf(t, "RecordFailure", err)
+		if rec.State != driver.Open {
+			t.Errorf("failure in half-open (threshold 100): state %s, want open", rec.State)
+		}
+		if rec.ProbeOwner != "" {
+			t.Errorf("re-opening kept probe owner %q", rec.ProbeOwner)
+		}
+		if !rec.OpenedAt.After(first.OpenedAt) {
+			t.Errorf("re-opening left OpenedAt at %v (first opened %v)", rec.OpenedAt, first.OpenedAt)
+		}
+		if rec.Failures <= first.Failures {
+			t.Errorf("failure in half-open: count %d, was %d", rec.Failures, first.Failures)
+		}
+		again, granted, err := c.TryProbe(ctx, name, "prober", openFor, time.Minute)
+		tc := time.Now()
+		fatalIf(t, "TryProbe", err)
+		if granted {
+			if early(b.start, openFor, tc) {
+				t.Errorf("probe granted %v after re-opening with openFor %v: the open period did not restart", tc.Sub(b.start), openFor)
+				return true
+			}
+			return false
+		}
+		if again.State != driver.Open {
+			t.Errorf("refused probe after re-opening: state %s, want open", again.State)
+		}
+		return true
+	})
+}
+
+// circuitHalfOpenSuccess: a success in half-open closes the circuit.
+func (s *suite) circuitHalfOpenSuccess(t *testing.T) {
+	ctx := testCtx(t)
+	st, _ := s.open(t)
+	c := st.Circuits()
+	const name = "recover"
+	openCircuit(t, c, name)
+	for range 2 {
+		if _, err := c.RecordFailure(ctx, name, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, granted, err := c.TryProbe(ctx, name, "prober", 0, time.Minute); err != nil || !granted {
+		t.Fatalf("TryProbe: granted=%v err=%v", granted, err)
+	}
+	rec, err := c.RecordSuccess(ctx, name)
+	fatalIf(t, "RecordSuccess", err)
+	wantCircuit(t, "success in half-open", rec, name, driver.Closed, 0)
+	if rec.ProbeOwner != "" {
+		t.Errorf("closing kept probe owner %q", rec.ProbeOwner)
+	}
+	checkTime(t, "LastSuccess", rec.LastSuccess)
+	if _, granted, err := c.TryProbe(ctx, name, "prober", 0, time.Minute); err != nil || granted {
+		t.Errorf("TryProbe on the closed circuit: granted=%v err=%v, want refused", granted, err)
+	}
+	got, found, err := c.Get(ctx, name)
+	fatalIf(t, "Get", err)
+	if !found || !sameCircuit(got, rec) {
+		t.Errorf("Get = %+v, want %+v", got, rec)
+	}
+}
+
+// circuitOperators: Set, Get, Delete and List.
+func (s *suite) circuitOperators(t *testing.T) {
+	ctx := testCtx(t)
+	st, _ := s.open(t)
+	c := st.Circuits()
+	var versions []int64
+	note := func(what string, rec driver.CircuitRecord) {
+		t.Helper()
+		if n := len(versions); n > 0 && rec.Version <= versions[n-1] {
+			t.Errorf("%s: version %d is not above %d", what, rec.Version, versions[n-1])
+		}
+		versions = append(versions, rec.Version)
+		got, found, err := c.Get(ctx, rec.Name)
+		if err != nil || !found || !sameCircuit(got, rec) {
+			t.Errorf("%s: Get = %+v found=%v err=%v, want %+v", what, got, found, err, rec)
+		}
+	}
+	rec, err := c.Set(ctx, "op", driver.Open)
+	fatalIf(t, "Set open", err)
+	wantCircuit(t, "Set open", rec, "op", driver.Open, rec.Failures)
+	checkTime(t, "Set open: OpenedAt", rec.OpenedAt)
+	note("Set open", rec)
+	rec, granted, err := c.TryProbe(ctx, "op", "prober", 0, time.Minute)
+	fatalIf(t, "TryProbe", err)
+	if !granted {
+		t.Errorf("TryProbe on a circuit Set open (openFor 0): not granted")
+	}
+	note("TryProbe", rec)
+	rec, err = c.Set(ctx, "op", driver.HalfOpen)
+	fatalIf(t, "Set half-open", err)
+	if rec.State != driver.HalfOpen || rec.ProbeOwner != "" {
+		t.Errorf("Set half-open: state %s probe owner %q, want half-open with the slot cleared", rec.State, rec.ProbeOwner)
+	}
+	note("Set half-open", rec)
+	rec, granted, err = c.TryProbe(ctx, "op", "next", time.Hour, time.Minute)
+	fatalIf(t, "TryProbe", err)
+	if !granted || rec.ProbeOwner != "next" {
+		t.Errorf("TryProbe on a circuit Set half-open (slot cleared): granted=%v owner %q", granted, rec.ProbeOwner)
+	}
+	note("TryProbe", rec)
+	for range 2 {
+		rec, err = c.RecordFailure(ctx, "op", 100)
+		fatalIf(t, "RecordFailure", err)
+		note("RecordFailure", rec)
+	}
+	rec, err = c.Set(ctx, "op", driver.Closed)
+	fatalIf(t, "Set closed", err)
+	wantCircuit(t, "Set closed", rec, "op", driver.Closed, 0)
+	if rec.ProbeOwner != "" {
+		t.Errorf("Set closed kept probe owner %q", rec.ProbeOwner)
+	}
+	note("Set closed", rec)
+	rec, err = c.RecordFailure(ctx, "op", 100)
+	fatalIf(t, "RecordFailure", err)
+	wantCircuit(t, "failure after Set closed", rec, "op", driver.Closed, 1)
+	note("RecordFailure", rec)
+
+	names := []string{"c1", "c2", "d1", "c%", "c_", "C1"}
+	all := append([]string{"op"}, names...)
+	for _, n := range names {
+		if _, err := c.RecordFailure(ctx, n, 5); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, pattern := range []string{"*", "c?", "c*", "c%", "c_", "C*", "?1", "o*", "x*"} {
+		recs, err := c.List(ctx, pattern)
+		if errorIf(t, "List "+pattern, err) {
+			continue
+		}
+		var got []string
+		for _, r := range recs {
+			got = append(got, r.Name)
+			want, _, err := c.Get(ctx, r.Name)
+			if err == nil && !sameCircuit(r, want) {
+				t.Errorf("List %q returned %+v, Get returns %+v", pattern, r, want)
+			}
+		}
+		sameKeys(t, fmt.Sprintf("List %q", pattern), got, matching(all, pattern))
+	}
+
+	ok, err := c.Delete(ctx, "op")
+	if err != nil || !ok {
+		t.Errorf("Delete: ok=%v err=%v", ok, err)
+	}
+	if _, found, err := c.Get(ctx, "op"); err != nil || found {
+		t.Errorf("Get after Delete: found=%v err=%v", found, err)
+	}
+	if ok, err := c.Delete(ctx, "op"); err != nil || ok {
+		t.Errorf("second Delete: ok=%v err=%v, want ok=false", ok, err)
+	}
+	rec, err = c.RecordFailure(ctx, "op", 100)
+	fatalIf(t, "RecordFailure after Delete", err)
+	wantCircuit(t, "failure after Delete", rec, "op", driver.Closed, 1)
+	if _, err := c.Set(ctx, "op", driver.CircuitState("broken")); !errors.Is(err, warden.ErrInvalidArgument) {
+		t.Errorf("Set with an invalid state: err %v, want ErrInvalidArgument", err)
+	}
+}

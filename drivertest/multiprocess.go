@@ -1,0 +1,511 @@
+package drivertest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/warden-go/warden"
+	"github.com/warden-go/warden/driver"
+)
+
+// childEnv names the environment variable that tells Main it runs as a
+// child process of the multi-process checks; it holds the child's
+// configuration as JSON.
+const childEnv = "WARDEN_DRIVERTEST_CHILD"
+
+// Main is the TestMain of a store's test binary:
+//
+//	func TestMain(m *testing.M) { drivertest.Main(m) }
+//
+// When the suite re-executes the binary as a child process of the
+// multi-process checks, Main runs the child's part and exits; otherwise it
+// runs the tests and exits with their status.
+func Main(m *testing.M) {
+	if cfg, ok := os.LookupEnv(childEnv); ok {
+		os.Exit(runChild(cfg))
+	}
+	os.Exit(m.Run())
+}
+
+// childConfig tells a child process what to do.
+type childConfig struct {
+	Role       string // "locks", "circuits" or "idempotency"
+	URL        string // opens the store under test
+	Dir        string // shared directory: barrier, marker, tokens, results
+	ID         int
+	Key        string
+	Goroutines int
+	Rounds     int
+	Threshold  int
+}
+
+// childResult is what a child reports back, in Dir/result-ID.json.
+type childResult struct {
+	ID       int
+	Errors   []string
+	Overlaps int      // locks: critical sections entered while another was inside
+	Sections int      // locks: critical sections completed
+	Counts   []int64  // circuits: failure counts returned
+	States   []string // circuits: the state returned with each count
+	Keys     []int    // idempotency: the key (round) of each claim
+	Outcomes []string // idempotency: claim outcomes
+	Owners   []string // idempotency: the claimant each answer named
+}
+
+const (
+	childTimeout = 2 * time.Minute
+	readyFile    = "ready-%d"
+	goFile       = "go"
+	markerFile   = "marker"
+	tokensFile   = "tokens"
+	resultFile   = "result-%d.json"
+)
+
+// runChild runs one child process and returns its exit code.
+func runChild(cfgJSON string) int {
+	var cfg childConfig
+	if err := json.Unmarshal([]byte(cfgJSON), &cfg); err != nil {
+		fmt.Fprintf(os.Stderr, "drivertest child: bad %s: %v\n", childEnv, err)
+		return 2
+	}
+	res := &childResult{ID: cfg.ID}
+	var mu sync.Mutex
+	fail := func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		msg := fmt.Sprintf(format, args...)
+		if len(res.Errors) < 20 {
+			res.Errors = append(res.Errors, msg)
+		}
+		fmt.Fprintf(os.Stderr, "drivertest child %d: %s\n", cfg.ID, msg)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), childTimeout)
+	defer cancel()
+	st, err := warden.Open(ctx, cfg.URL)
+	if err != nil {
+		fail("open: %v", err)
+	} else {
+		defer st.Close()
+	}
+	// Barrier: say ready, wait until the parent says go, so that the
+	// children really run at the same time.
+	if err := os.WriteFile(filepath.Join(cfg.Dir, fmt.Sprintf(readyFile, cfg.ID)), nil, 0o600); err != nil {
+		fail("ready file: %v", err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(cfg.Dir, goFile)); err == nil {
+			break
+		}
+		if !sleepCtx(ctx, 2*time.Millisecond) {
+			fail("no go from the parent")
+			break
+		}
+	}
+	if st != nil && len(res.Errors) == 0 {
+		switch cfg.Role {
+		case "locks":
+			childLocks(ctx, st, cfg, res, &mu, fail)
+		case "circuits":
+			childCircuits(ctx, st, cfg, res, &mu, fail)
+		case "idempotency":
+			childIdempotency(ctx, st, cfg, res, &mu, fail)
+		default:
+			fail("unknown role %q", cfg.Role)
+		}
+	}
+	b, err := json.Marshal(res)
+	if err == nil {
+		tmp := filepath.Join(cfg.Dir, fmt.Sprintf(resultFile+".tmp", cfg.ID))
+		if err = os.WriteFile(tmp, b, 0o600); err == nil {
+			err = os.Rename(tmp, filepath.Join(cfg.Dir, fmt.Sprintf(resultFile, cfg.ID)))
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "drivertest child %d: writing the result: %v\n", cfg.ID, err)
+		return 2
+	}
+	if len(res.Errors) > 0 || res.Overlaps > 0 {
+		return 1
+	}
+	return 0
+}
+
+// childLocks runs critical sections on one key from several goroutines.
+// Inside each, it creates a marker file exclusively (failure: another
+// holder is inside) and checks that its fencing token is above the last
+// one recorded in the shared tokens file, then records it.
+func childLocks(ctx context.Context, st *warden.Store, cfg childConfig, res *childResult, mu *sync.Mutex, fail func(string, ...any)) {
+	l := st.Locks()
+	marker := filepath.Join(cfg.Dir, markerFile)
+	tokens := filepath.Join(cfg.Dir, tokensFile)
+	var wg sync.WaitGroup
+	for g := range cfg.Goroutines {
+		wg.Go(func() {
+			owner := fmt.Sprintf("child-%d-g%d", cfg.ID, g)
+			for range cfg.Rounds {
+				rec, err := acquireWait(ctx, l, cfg.Key, owner, 30*time.Second)
+				if err != nil {
+					fail("%s: Acquire: %v", owner, err)
+					return
+				}
+				f, err := os.OpenFile(marker, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+				created := err == nil
+				switch {
+				case created:
+					f.Close()
+				case errors.Is(err, fs.ErrExist):
+					mu.Lock()
+					res.Overlaps++
+					mu.Unlock()
+					fail("%s entered the critical section (token %d) while another process was inside", owner, rec.Token)
+				default:
+					fail("marker: %v", err)
+				}
+				last, err := lastToken(tokens)
+				if err != nil {
+					fail("reading tokens: %v", err)
+				} else if rec.Token <= last {
+					fail("%s got token %d, not above the last recorded token %d", owner, rec.Token, last)
+				}
+				if err := appendLine(tokens, fmt.Sprintf("%d %s", rec.Token, owner)); err != nil {
+					fail("recording the token: %v", err)
+				}
+				time.Sleep(300 * time.Microsecond)
+				if created {
+					if err := os.Remove(marker); err != nil {
+						fail("marker: %v", err)
+					}
+				}
+				ok, err := l.Release(ctx, cfg.Key, owner, rec.Token)
+				if err != nil || !ok {
+					fail("%s: Release of its holding (token %d): ok=%v err=%v", owner, rec.Token, ok, err)
+				}
+				mu.Lock()
+				res.Sections++
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// childCircuits records failures from several goroutines.
+func childCircuits(ctx context.Context, st *warden.Store, cfg childConfig, res *childResult, mu *sync.Mutex, fail func(string, ...any)) {
+	c := st.Circuits()
+	var wg sync.WaitGroup
+	for range cfg.Goroutines {
+		wg.Go(func() {
+			for range cfg.Rounds {
+				rec, err := c.RecordFailure(ctx, cfg.Key, cfg.Threshold)
+				if err != nil {
+					fail("RecordFailure: %v", err)
+					return
+				}
+				mu.Lock()
+				res.Counts = append(res.Counts, rec.Failures)
+				res.States = append(res.States, string(rec.State))
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// childIdempotency claims Rounds keys, one after the other, from several
+// goroutines.
+func childIdempotency(ctx context.Context, st *warden.Store, cfg childConfig, res *childResult, mu *sync.Mutex, fail func(string, ...any)) {
+	id := st.Idempotency()
+	var wg sync.WaitGroup
+	for g := range cfg.Goroutines {
+		wg.Go(func() {
+			owner := fmt.Sprintf("child-%d-g%d", cfg.ID, g)
+			for r := range cfg.Rounds {
+				rec, out, err := id.Claim(ctx, fmt.Sprintf("%s-%d", cfg.Key, r), owner, time.Minute, "fp")
+				if err != nil {
+					fail("Claim: %v", err)
+					return
+				}
+				mu.Lock()
+				res.Keys = append(res.Keys, r)
+				res.Outcomes = append(res.Outcomes, out.String())
+				res.Owners = append(res.Owners, rec.Owner)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// lastToken returns the last token recorded in the tokens file (0 if none).
+func lastToken(path string) (int64, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	last := lines[len(lines)-1]
+	if last == "" {
+		return 0, nil
+	}
+	tok, _, _ := strings.Cut(last, " ")
+	return strconv.ParseInt(tok, 10, 64)
+}
+
+// appendLine appends one line to a file.
+func appendLine(path, line string) error {
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(line + "\n")
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// ---------------------------------------------------------------------------
+// the parent side
+
+const children = 3
+
+func (s *suite) multiProcess(t *testing.T) {
+	group(t, []check{
+		{"Locks", s.mpLocks},
+		{"Circuits", s.mpCircuits},
+		{"Idempotency", s.mpIdempotency},
+	})
+}
+
+// spawn runs one child per configuration, releases them together and
+// returns their results; it fails the check if a child fails.
+func (s *suite) spawn(t *testing.T, cfgs []childConfig) []childResult {
+	t.Helper()
+	ctx := testCtx(t)
+	exe, err := os.Executable()
+	if err != nil {
+		exe = os.Args[0]
+	}
+	dir := cfgs[0].Dir
+	type proc struct {
+		cmd  *exec.Cmd
+		out  bytes.Buffer
+		done chan struct{}
+		err  error
+	}
+	var procs []*proc
+	t.Cleanup(func() {
+		for _, p := range procs {
+			<-p.done
+		}
+	})
+	for i, cfg := range cfgs {
+		b, err := json.Marshal(cfg)
+		fatalIf(t, "config", err)
+		p := &proc{done: make(chan struct{})}
+		// -test.run=^$: if TestMain does not call Main, the child runs no
+		// tests (instead of the whole suite again) and reports nothing.
+		p.cmd = exec.CommandContext(ctx, exe, "-test.run=^$", "-test.count=1")
+		p.cmd.Env = append(os.Environ(), childEnv+"="+string(b))
+		p.cmd.Stdout = &p.out
+		p.cmd.Stderr = &p.out
+		p.cmd.WaitDelay = 5 * time.Second
+		if err := p.cmd.Start(); err != nil {
+			t.Fatalf("starting child %d: %v", i, err)
+		}
+		go func() {
+			p.err = p.cmd.Wait()
+			close(p.done)
+		}()
+		procs = append(procs, p)
+	}
+	// Wait until every child is ready (or one has exited early), then
+	// release them all.
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		ready, exited := 0, false
+		for i, p := range procs {
+			if _, err := os.Stat(filepath.Join(dir, fmt.Sprintf(readyFile, cfgs[i].ID))); err == nil {
+				ready++
+			}
+			select {
+			case <-p.done:
+				exited = true
+			default:
+			}
+		}
+		if ready == len(procs) || exited {
+			break
+		}
+		sleepCtx(ctx, 5*time.Millisecond)
+	}
+	if err := os.WriteFile(filepath.Join(dir, goFile), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	results := make([]childResult, len(procs))
+	for i, p := range procs {
+		<-p.done
+		b, rerr := os.ReadFile(filepath.Join(dir, fmt.Sprintf(resultFile, cfgs[i].ID)))
+		if rerr != nil {
+			t.Fatalf("child %d wrote no result (exit: %v) — does the test binary's TestMain call drivertest.Main(m)? Output:\n%s", i, p.err, p.out.String())
+		}
+		if err := json.Unmarshal(b, &results[i]); err != nil {
+			t.Fatalf("child %d result: %v", i, err)
+		}
+		if len(results[i].Errors) > 0 {
+			t.Errorf("child %d: %d errors: %s", i, len(results[i].Errors), strings.Join(results[i].Errors, "; "))
+		}
+		if p.err != nil {
+			t.Errorf("child %d exited with %v; output:\n%s", i, p.err, p.out.String())
+		}
+	}
+	return results
+}
+
+// mpConfigs makes one configuration per child.
+func (s *suite) mpConfigs(t *testing.T, role string, goroutines, rounds, threshold int) ([]childConfig, *warden.Store) {
+	if s.h.URL == nil {
+		t.Skipf("Harness.URL is nil: the multi-process checks need a URL that opens the %s database from another process", s.h.Name)
+	}
+	st, prefix := s.open(t)
+	url := s.h.URL(t, prefix)
+	dir := t.TempDir()
+	cfgs := make([]childConfig, children)
+	for i := range cfgs {
+		cfgs[i] = childConfig{Role: role, URL: url, Dir: dir, ID: i, Key: "shared-" + role, Goroutines: goroutines, Rounds: rounds, Threshold: threshold}
+	}
+	return cfgs, st
+}
+
+// mpLocks: processes competing for one lock never overlap, and fencing
+// tokens increase across them.
+func (s *suite) mpLocks(t *testing.T) {
+	const goroutines, rounds = 3, 15
+	cfgs, _ := s.mpConfigs(t, "locks", goroutines, rounds, 0)
+	results := s.spawn(t, cfgs)
+	sections, overlaps := 0, 0
+	for _, r := range results {
+		sections += r.Sections
+		overlaps += r.Overlaps
+	}
+	if overlaps > 0 {
+		t.Errorf("%d critical sections overlapped across processes: the lock is not exclusive", overlaps)
+	}
+	if want := children * goroutines * rounds; sections != want {
+		t.Errorf("%d critical sections completed, want %d", sections, want)
+	}
+	b, err := os.ReadFile(filepath.Join(cfgs[0].Dir, tokensFile))
+	fatalIf(t, "tokens", err)
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) != children*goroutines*rounds {
+		t.Errorf("%d tokens recorded, want %d", len(lines), children*goroutines*rounds)
+	}
+	var prev int64
+	for i, line := range lines {
+		tok, owner, _ := strings.Cut(line, " ")
+		n, err := strconv.ParseInt(tok, 10, 64)
+		if err != nil {
+			t.Fatalf("tokens file line %d: %q", i+1, line)
+		}
+		if n <= prev {
+			t.Errorf("token %d of %s recorded after token %d: fencing tokens must strictly increase across processes", n, owner, prev)
+		}
+		prev = n
+	}
+}
+
+// mpCircuits: failures recorded from several processes are all counted.
+func (s *suite) mpCircuits(t *testing.T) {
+	const goroutines, rounds = 4, 10
+	const total = children * goroutines * rounds
+	cfgs, st := s.mpConfigs(t, "circuits", goroutines, rounds, total)
+	results := s.spawn(t, cfgs)
+	times := map[int64]int{}
+	for _, r := range results {
+		for i, n := range r.Counts {
+			times[n]++
+			want := driver.Closed
+			if n >= total {
+				want = driver.Open
+			}
+			if driver.CircuitState(r.States[i]) != want {
+				t.Errorf("failure count %d (threshold %d) came with state %s, want %s", n, total, r.States[i], want)
+			}
+		}
+	}
+	var bad []string
+	for n := int64(1); n <= total; n++ {
+		if times[n] != 1 {
+			bad = append(bad, fmt.Sprintf("count %d returned %d times", n, times[n]))
+		}
+	}
+	if len(bad) > 0 {
+		t.Errorf("failures recorded from %d processes did not return each count 1..%d once (increments lost): %s", children, total, quoteSome(bad))
+	}
+	rec, found, err := st.Circuits().Get(testCtx(t), cfgs[0].Key)
+	fatalIf(t, "Get", err)
+	if !found {
+		t.Fatal("the circuit is absent after the children recorded failures")
+	}
+	wantCircuit(t, "after the children's failures", rec, cfgs[0].Key, driver.Open, total)
+}
+
+// mpIdempotency: among claimers in several processes exactly one claims
+// each key.
+func (s *suite) mpIdempotency(t *testing.T) {
+	const goroutines, keys = 4, 10
+	cfgs, st := s.mpConfigs(t, "idempotency", goroutines, keys, 0)
+	results := s.spawn(t, cfgs)
+	winners := make([][]string, keys)
+	owners := make([][]string, keys)
+	answers := 0
+	for _, r := range results {
+		for i, out := range r.Outcomes {
+			answers++
+			k := r.Keys[i]
+			switch out {
+			case driver.Claimed.String(), driver.TakenOver.String():
+				winners[k] = append(winners[k], r.Owners[i])
+			case driver.InProgress.String():
+				owners[k] = append(owners[k], r.Owners[i])
+			default:
+				t.Errorf("first claims answered %s", out)
+			}
+		}
+	}
+	if answers != children*goroutines*keys {
+		t.Errorf("%d claims answered, want %d", answers, children*goroutines*keys)
+	}
+	ctx := testCtx(t)
+	for k := range keys {
+		key := fmt.Sprintf("%s-%d", cfgs[0].Key, k)
+		if len(winners[k]) != 1 {
+			t.Errorf("%s: %d claimants across %d processes (%s), want exactly 1", key, len(winners[k]), children, quoteSome(winners[k]))
+			continue
+		}
+		for _, o := range owners[k] {
+			if o != winners[k][0] {
+				t.Errorf("%s: an in-progress answer names %q, but %q claimed it", key, o, winners[k][0])
+			}
+		}
+		rec, found, err := st.Idempotency().Get(ctx, key)
+		if err != nil || !found || rec.Owner != winners[k][0] || rec.Status != driver.IdemPending {
+			t.Errorf("%s: Get after the claims = %+v found=%v err=%v, want pending by %s", key, rec, found, err, winners[k][0])
+		}
+	}
+}
