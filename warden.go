@@ -137,6 +137,9 @@ func OpenWith(ctx context.Context, rawURL string, opts *Options) (*Store, error)
 		return nil, fmt.Errorf("%w %q: registered schemes are %s (import a store package to register more)",
 			ErrUnknownScheme, scheme, strings.Join(Schemes(), ", "))
 	}
+	if err := driver.ValidatePrefix(u.Query().Get("prefix")); err != nil {
+		return nil, fmt.Errorf("warden: open %s: %w", u.Redacted(), err)
+	}
 	drv, err := open(ctx, u)
 	if err != nil {
 		if cerr := contextErr(ctx, err); cerr != nil {

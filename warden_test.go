@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -56,7 +57,7 @@ func TestOpenErrorsHidePasswords(t *testing.T) {
 }
 
 func TestOpenUnknownParameter(t *testing.T) {
-	_, err := warden.Open(context.Background(), "memory://?prefix=a&bogus=1")
+	_, err := warden.Open(context.Background(), "memory://?prefix=a%3A&bogus=1")
 	if !errors.Is(err, driver.ErrBadURL) || !strings.Contains(err.Error(), "bogus") {
 		t.Fatalf("err = %v, want ErrBadURL naming the parameter", err)
 	}
@@ -185,4 +186,18 @@ func TestMillisecondRounding(t *testing.T) {
 	if d := rec.ExpiresAt.Sub(rec.AcquiredAt); d != 2*time.Millisecond {
 		t.Fatalf("expiry - acquired = %v, want 2ms", d)
 	}
+}
+
+func TestOpenChecksPrefix(t *testing.T) {
+	for _, p := range []string{"a", "a:b:", "lock:"} {
+		_, err := warden.Open(context.Background(), "memory://?prefix="+url.QueryEscape(p))
+		if !errors.Is(err, driver.ErrBadPrefix) {
+			t.Errorf("prefix %q: err = %v, want ErrBadPrefix", p, err)
+		}
+	}
+	st, err := warden.Open(context.Background(), "memory://?prefix=billing%3A")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
 }

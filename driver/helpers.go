@@ -1,12 +1,14 @@
 package driver
 
 import (
+	"errors"
 	"fmt"
 	"net/url"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Kind tags put between a store's prefix and a key, as the go-go-scope
@@ -166,4 +168,40 @@ func (q *Params) Err() error {
 }
 
 // ErrBadURL is wrapped by errors about a store URL's form.
-var ErrBadURL = fmt.Errorf("invalid store URL")
+var ErrBadURL = errors.New("invalid store URL")
+
+// MaxPrefixBytes is the longest namespace prefix, in bytes.
+const MaxPrefixBytes = 64
+
+// ValidatePrefix checks a namespace prefix. A prefix is empty (no
+// namespace) or a name of at most 63 bytes of UTF-8, without NUL and
+// without ':', followed by one ':' — "billing:", "svc-a:". The rule makes
+// stored keys (prefix + kind tag + key) unambiguous: the first ':' of a
+// stored key ends its namespace, so prefixes "a:" and "ab:" can never
+// produce the same stored key, whereas "a" + "bX" and "ab" + "X" would.
+// The kind tags "lock:", "circuit:" and "cache:" are refused as prefixes,
+// since a store without prefix stores "lock:" + key. Every store that keeps
+// the prefix inside its stored keys calls it; warden.Open calls it for the
+// ?prefix= of every URL.
+func ValidatePrefix(p string) error {
+	if p == "" {
+		return nil
+	}
+	name, ok := strings.CutSuffix(p, ":")
+	switch {
+	case len(p) > MaxPrefixBytes:
+		return fmt.Errorf("%w: prefix is %d bytes, the limit is %d", ErrBadPrefix, len(p), MaxPrefixBytes)
+	case !ok || name == "":
+		return fmt.Errorf("%w: prefix %q must be a name followed by ':', like \"billing:\"", ErrBadPrefix, p)
+	case strings.Contains(name, ":"):
+		return fmt.Errorf("%w: prefix %q may contain ':' only at its end", ErrBadPrefix, p)
+	case !utf8.ValidString(p) || strings.ContainsRune(p, 0):
+		return fmt.Errorf("%w: prefix is not valid UTF-8 without NUL", ErrBadPrefix)
+	case p == TagLock || p == TagCircuit || p == TagCache:
+		return fmt.Errorf("%w: prefix %q is reserved for the kind tag of stores without prefix", ErrBadPrefix, p)
+	}
+	return nil
+}
+
+// ErrBadPrefix is wrapped by ValidatePrefix's errors.
+var ErrBadPrefix = errors.New("invalid namespace prefix")

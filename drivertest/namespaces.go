@@ -2,6 +2,7 @@ package drivertest
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,18 +20,19 @@ func (s *suite) namespaces(t *testing.T) {
 	})
 }
 
-// nsSuffixes make namespaces that break naive prefix matching: prefixes of
-// each other, and prefixes with LIKE, glob and regex metacharacters whose
-// naive patterns match the others ("p%_*:" as LIKE matches "pzz*:", as a
-// glob "p%_x:", as a regex "p%:").
-var nsSuffixes = []string{"a", "ab", "p%_*:", "pzz*:", "p%_x:", "p%:", "p.:", "p[%]:"}
+// nsSuffixes make namespaces that break naive prefix matching: names that
+// are prefixes of each other ("…a:" and "…ab:"), and prefixes with LIKE,
+// glob and regex metacharacters whose naive patterns match the others
+// ("p%_*:" as LIKE matches "pzz*:", as a glob "p%_x:", as a regex "p%:").
+// Each ends the namespace's name with its only ':' (driver.ValidatePrefix).
+var nsSuffixes = []string{"a:", "ab:", "p%_*:", "pzz*:", "p%_x:", "p%:", "p.:", "p[%]:"}
 
 // nsKeys are the keys every namespace writes.
 var nsKeys = []string{"k1", "k2", "shared", "b:x", "*", "%"}
 
 // openNamespaces opens one store per namespace on the same database.
 func (s *suite) openNamespaces(t *testing.T) []*warden.Store {
-	base := namespace(t)
+	base := strings.TrimSuffix(namespace(t), ":")
 	stores := make([]*warden.Store, len(nsSuffixes))
 	for i, suffix := range nsSuffixes {
 		stores[i] = s.openPrefix(t, base+suffix)

@@ -3,6 +3,7 @@ package drivertest
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -47,7 +48,7 @@ func (s *suite) notifyLocks(t *testing.T) {
 		t.Skipf("%s has no lock notifications", s.h.Name)
 	}
 	actor := s.openPrefix(t, prefix)
-	intruder := s.openPrefix(t, prefix+"x")
+	intruder := s.openPrefix(t, strings.TrimSuffix(prefix, ":")+"x:")
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	ch, err := watcher.Locks().Watch(wctx)
@@ -161,7 +162,7 @@ func (s *suite) notifyCircuits(t *testing.T) {
 		t.Skipf("%s has no circuit notifications", s.h.Name)
 	}
 	actor := s.openPrefix(t, prefix)
-	intruder := s.openPrefix(t, prefix+"x")
+	intruder := s.openPrefix(t, strings.TrimSuffix(prefix, ":")+"x:")
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	ch, err := watcher.Circuits().Watch(wctx)

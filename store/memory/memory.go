@@ -52,7 +52,10 @@ const watchBuffer = 256
 type Options struct {
 	// Prefix is the store's namespace: records of other prefixes are
 	// invisible to it. "": no prefix (its own namespace, distinct from
-	// every non-empty prefix).
+	// every non-empty prefix). The memory store keeps each namespace
+	// apart, so any string works here; URLs (and stores that keep the
+	// prefix inside stored keys) require the form of driver.ValidatePrefix,
+	// such as "billing:".
 	Prefix string
 	// Name selects the database. "": a private database that only this
 	// store uses. Otherwise the process-wide database of that name, shared

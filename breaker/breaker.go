@@ -1,0 +1,973 @@
+// Package breaker is a circuit breaker whose state is shared by every
+// process that uses the same warden store: when a dependency fails
+// Threshold times in a row anywhere in the fleet, every process stops
+// calling it for OpenFor, then exactly one caller in the whole fleet probes
+// it, and its outcome closes or re-opens the circuit for everybody.
+//
+//	b, err := breaker.New(st, "payments-api", &breaker.Options{Threshold: 5, OpenFor: 30 * time.Second})
+//	if err != nil { … }
+//	defer b.Close()
+//
+//	err = b.Do(ctx, func(ctx context.Context) error { return callPayments(ctx) })
+//	if errors.Is(err, breaker.ErrOpen) { … fall back … }
+//
+// # Cost
+//
+// A Breaker keeps a local view of the shared record. The steady closed
+// state costs nothing per call: no write, and at most one read per
+// SyncInterval, and none at all on a store that delivers circuit
+// notifications (warden.Circuits.CanWatch; memory does). The Breaker
+// writes only when there is something to record: a failure (one atomic
+// increment), the first success after failures, a probe, a transition.
+// The price is that a process may learn of a change made elsewhere up to
+// SyncInterval late (on stores without notifications), during which it may
+// still admit calls to a circuit another process has just opened.
+//
+// # States
+//
+// Closed: calls run; each failure is recorded in the store, and the
+// Threshold-th consecutive failure (counted across the fleet) opens the
+// circuit. Open: calls fail fast with an error matching ErrOpen, without
+// running fn. Once OpenFor has passed, the next call asks the store for the
+// probe slot (the circuit turns half-open); exactly one caller in the fleet
+// gets it and runs fn as a probe while everybody else still gets ErrOpen.
+// HalfOpenProbes successful probes in a row close the circuit; a failed
+// probe re-opens it for another OpenFor. The probe slot is a lease of
+// ProbeLease: if the prober dies, another caller may probe once it lapses.
+//
+// The open period is measured with the local clock from the moment this
+// process learned that the circuit opened, corrected by how long it had
+// already been open according to the store's own timestamps, so no store
+// timestamp is ever compared with the local clock; the store decides in the
+// end (TryProbe refuses a probe that comes too early).
+//
+// # When the store is unreachable
+//
+// The Breaker keeps working on its local view and counts the store errors
+// in Stats. By default it fails open: calls keep running, failures are
+// counted locally and open the circuit locally at Threshold, and after
+// OpenFor the local view lets one call at a time through as a probe. With
+// FailClosed every call is rejected (with an error matching ErrOpen that
+// wraps the store error) until the store answers again. Failures counted
+// while the store was unreachable are not replayed: once the store answers,
+// its record is the truth again. The Breaker logs one warning per outage
+// to the store's logger.
+package breaker
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/warden-go/warden"
+	"github.com/warden-go/warden/driver"
+)
+
+// State is the state of a circuit: Closed, Open or HalfOpen.
+type State = driver.CircuitState
+
+// The circuit states.
+const (
+	// Closed: calls run.
+	Closed = driver.Closed
+	// Open: calls are rejected with ErrOpen until the open period ends.
+	Open = driver.Open
+	// HalfOpen: one caller in the fleet probes; the others are rejected.
+	HalfOpen = driver.HalfOpen
+)
+
+// Defaults of Options' zero values.
+const (
+	DefaultThreshold    = 5
+	DefaultOpenFor      = 30 * time.Second
+	DefaultSyncInterval = time.Second
+)
+
+// writeTimeout bounds the store writes made after fn returned. They do not
+// follow the caller's cancellation: a failure must be recorded even when
+// the caller has given up.
+const writeTimeout = 5 * time.Second
+
+// maxWatchBackoff caps the pause between attempts to resubscribe to
+// circuit notifications.
+const maxWatchBackoff = 30 * time.Second
+
+// ErrOpen is matched (errors.Is) by the error of every call the Breaker
+// rejects without running fn. The error is an *OpenError.
+var ErrOpen = errors.New("breaker: circuit open")
+
+// OpenError is the error of a rejected call. It matches ErrOpen.
+type OpenError struct {
+	// Name is the circuit's name.
+	Name string
+	// State is the Breaker's view of the circuit when it rejected the call:
+	// Open, HalfOpen (another caller probes), or Closed when the call was
+	// rejected only because the store is unreachable and FailClosed is set.
+	State State
+	// Until is the local time from which this Breaker will next try to
+	// probe the circuit; zero if unknown. It is an estimate: another
+	// process may close the circuit sooner.
+	Until time.Time
+	// StoreErr is the store's error when the call was rejected because the
+	// store is unreachable (FailClosed); nil otherwise.
+	StoreErr error
+}
+
+func (e *OpenError) Error() string {
+	s := "breaker: circuit " + strconv.Quote(e.Name)
+	if e.StoreErr != nil {
+		return s + " rejects calls: the store is unreachable and the breaker fails closed: " + e.StoreErr.Error()
+	}
+	if e.State == HalfOpen {
+		s += " is half-open (another caller probes)"
+	} else {
+		s += " is open"
+	}
+	if !e.Until.IsZero() {
+		s += "; next probe after " + e.Until.Format(time.RFC3339Nano)
+	}
+	return s
+}
+
+// Is reports whether target is ErrOpen.
+func (e *OpenError) Is(target error) bool { return target == ErrOpen }
+
+// Unwrap returns the store's error, if the call was rejected for it.
+func (e *OpenError) Unwrap() error { return e.StoreErr }
+
+// Options configure a Breaker. The zero value (or nil) gives the defaults.
+type Options struct {
+	// Threshold is the number of consecutive failures, counted across every
+	// process sharing the circuit, that opens it. 0: DefaultThreshold (5).
+	Threshold int
+	// OpenFor is how long an open circuit rejects calls before a probe is
+	// allowed. 0: DefaultOpenFor (30 s). At least one millisecond.
+	OpenFor time.Duration
+	// ProbeLease is how long a prober holds the half-open probe slot: if it
+	// neither succeeds nor fails within it (it died, or its call is that
+	// slow), another caller may probe. 0: OpenFor.
+	ProbeLease time.Duration
+	// HalfOpenProbes is the number of successful probes in a row that close
+	// the circuit. Probes run one at a time across the fleet: the Breaker
+	// holding the probe slot admits its next call as the next probe, and
+	// every other call is rejected until the circuit closes. 0: 1.
+	HalfOpenProbes int
+	// IsFailure decides which errors of fn count as failures; an error it
+	// rejects counts as a success (the dependency answered). Nil: every
+	// non-nil error is a failure. Either way, context.Canceled and
+	// context.DeadlineExceeded returned while the caller's ctx is done are
+	// neither failures nor successes: the caller gave up, the dependency
+	// did not fail. A panic in fn is a failure (and is re-raised).
+	IsFailure func(err error) bool
+	// SyncInterval is the longest the Breaker trusts its local view before
+	// reading the shared record again, on stores without circuit
+	// notifications (and while the store is unreachable). On stores with
+	// notifications the view is updated as changes happen and the record
+	// is read only when the notification stream starts or lost events.
+	// 0: DefaultSyncInterval (1 s).
+	SyncInterval time.Duration
+	// FailClosed rejects every call while the store is unreachable. The
+	// default (false) fails open: calls keep running on the local view.
+	FailClosed bool
+	// OnStateChange, if set, is called after the Breaker's view of the
+	// circuit changes state, whoever caused the change (this Breaker,
+	// another process, an operator). The Breaker starts from Closed, so a
+	// Breaker that first finds its circuit open reports Closed → Open.
+	// Calls are made one at a time, in order, without any lock held, from
+	// whichever goroutine observed the change; the function should be
+	// quick and must not call Close.
+	OnStateChange func(name string, from, to State)
+	// Owner identifies this Breaker as prober in the shared record. A
+	// random suffix per Breaker and a number per probe are added, so two
+	// Breakers never share a probe slot even with the same Owner. "":
+	// host:pid.
+	Owner string
+}
+
+// Stats are a Breaker's counters since New, and its current view.
+type Stats struct {
+	// State is the Breaker's local view of the circuit.
+	State State
+	// Failures is the consecutive failure count of the local view
+	// (including failures that could not be recorded in the store).
+	Failures int64
+	// Calls is the number of times fn ran.
+	Calls int64
+	// Successes, CallFailures and Ignored classify the calls that ran:
+	// Ignored calls ended because the caller's ctx did.
+	Successes, CallFailures, Ignored int64
+	// Rejections is the number of calls rejected with ErrOpen.
+	Rejections int64
+	// Probes is the number of probe slots this Breaker was granted.
+	Probes int64
+	// StoreErrors is the number of failed store operations.
+	StoreErrors int64
+	// StoreDown reports whether the last store operation failed; the
+	// Breaker then works on its local view.
+	StoreDown bool
+	// LastStoreError is the most recent store error; nil if none.
+	LastStoreError error
+}
+
+// Breaker is one circuit breaker, identified by its name in a store's
+// namespace. Breakers with the same name on stores that share a database
+// and namespace share the circuit. A Breaker is safe for concurrent use.
+// Call Close when done with it to stop its notification subscription.
+type Breaker struct {
+	st         *warden.Store
+	circ       *warden.Circuits
+	log        *slog.Logger
+	name       string
+	owner      string
+	threshold  int
+	openFor    time.Duration
+	probeLease time.Duration
+	probes     int
+	syncEvery  time.Duration
+	isFailure  func(error) bool
+	failClosed bool
+	onChange   func(string, State, State)
+	canWatch   bool
+
+	probeSeq atomic.Uint64
+
+	calls, successes, failures, ignored  atomic.Int64
+	rejections, probesGranted, storeErrs atomic.Int64
+
+	mu        sync.Mutex
+	rec       driver.CircuitRecord // last record applied from the store
+	seq       uint64               // increases with every record applied
+	state     State                // the local view
+	fails     int64                // the view's consecutive failures
+	nextProbe time.Time            // local time from which to try a probe
+	lastSync  time.Time            // when the last read began
+	syncing   bool                 // a read is in flight
+	resyncing bool                 // the next call must read the record
+	resetting bool                 // a RecordSuccess of a closed circuit is in flight
+	watching  bool                 // a notification stream is live
+	storeDown bool
+	storeErr  error
+	probing   bool   // a probe of this Breaker is running
+	chain     string // the probe owner id this Breaker holds the slot with
+	chainOK   int    // successful probes in the current chain
+
+	started bool // the watcher was started
+	closed  bool
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+
+	pending    []transition // OnStateChange calls not yet made
+	delivering bool         // a goroutine is making OnStateChange calls
+}
+
+type transition struct{ from, to State }
+
+// New returns the Breaker for circuit name on st. It does no I/O. The
+// error wraps warden.ErrInvalidKey for a bad name or owner and
+// warden.ErrInvalidArgument for a bad option.
+func New(st *warden.Store, name string, opts *Options) (*Breaker, error) {
+	if st == nil {
+		return nil, fmt.Errorf("breaker: %w: nil store", warden.ErrInvalidArgument)
+	}
+	if err := warden.ValidateKey(name); err != nil {
+		return nil, fmt.Errorf("breaker: name: %w", err)
+	}
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("breaker %q: %w: "+format, append([]any{name, warden.ErrInvalidArgument}, args...)...)
+	}
+	switch {
+	case o.Threshold < 0:
+		return nil, bad("negative threshold %d", o.Threshold)
+	case o.HalfOpenProbes < 0:
+		return nil, bad("negative HalfOpenProbes %d", o.HalfOpenProbes)
+	case o.OpenFor < 0 || (o.OpenFor > 0 && o.OpenFor < time.Millisecond):
+		return nil, bad("OpenFor %v is under one millisecond", o.OpenFor)
+	case o.ProbeLease < 0 || (o.ProbeLease > 0 && o.ProbeLease < time.Millisecond):
+		return nil, bad("ProbeLease %v is under one millisecond", o.ProbeLease)
+	case o.SyncInterval < 0:
+		return nil, bad("negative SyncInterval %v", o.SyncInterval)
+	}
+	if o.Threshold == 0 {
+		o.Threshold = DefaultThreshold
+	}
+	if o.OpenFor == 0 {
+		o.OpenFor = DefaultOpenFor
+	}
+	if o.ProbeLease == 0 {
+		o.ProbeLease = o.OpenFor
+	}
+	if o.HalfOpenProbes == 0 {
+		o.HalfOpenProbes = 1
+	}
+	if o.SyncInterval == 0 {
+		o.SyncInterval = DefaultSyncInterval
+	}
+	if o.Owner == "" {
+		o.Owner = defaultOwner()
+	}
+	o.Owner += "#" + randomHex()
+	// Probe owners are Owner#random.n: check the longest one now.
+	if err := warden.ValidateKey(o.Owner + ".18446744073709551615"); err != nil {
+		return nil, fmt.Errorf("breaker %q: owner: %w", name, err)
+	}
+	circ := st.Circuits()
+	return &Breaker{
+		st:         st,
+		circ:       circ,
+		log:        st.Logger(),
+		name:       name,
+		owner:      o.Owner,
+		threshold:  o.Threshold,
+		openFor:    o.OpenFor,
+		probeLease: o.ProbeLease,
+		probes:     o.HalfOpenProbes,
+		syncEvery:  o.SyncInterval,
+		isFailure:  o.IsFailure,
+		failClosed: o.FailClosed,
+		onChange:   o.OnStateChange,
+		canWatch:   circ.CanWatch(),
+		state:      Closed,
+		rec:        driver.CircuitRecord{Name: name, State: Closed},
+	}, nil
+}
+
+// defaultOwner is host:pid.
+func defaultOwner() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown-host"
+	}
+	return host + ":" + strconv.Itoa(os.Getpid())
+}
+
+func randomHex() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// Name returns the circuit's name.
+func (b *Breaker) Name() string { return b.name }
+
+// Do runs fn if the circuit admits the call and records its outcome. A
+// rejected call returns an error matching ErrOpen without running fn;
+// otherwise Do returns fn's error. If ctx is already done, Do returns
+// ctx.Err() without running fn.
+func (b *Breaker) Do(ctx context.Context, fn func(ctx context.Context) error) error {
+	_, err := Call(ctx, b, func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, fn(ctx)
+	})
+	return err
+}
+
+// Call is Do for functions that return a value: it runs fn if b admits the
+// call and returns fn's results; a rejected call returns the zero T and an
+// error matching ErrOpen.
+func Call[T any](ctx context.Context, b *Breaker, fn func(ctx context.Context) (T, error)) (T, error) {
+	var zero T
+	if err := ctx.Err(); err != nil {
+		return zero, err
+	}
+	t, err := b.admit(ctx)
+	if err != nil {
+		return zero, err
+	}
+	b.calls.Add(1)
+	returned := false
+	defer func() {
+		if !returned { // fn panicked: a failure; the panic goes on
+			b.finish(ctx, t, outcomeFailure)
+		}
+	}()
+	v, err := fn(ctx)
+	returned = true
+	b.finish(ctx, t, b.classify(ctx, err))
+	return v, err
+}
+
+// State reads the shared record from the store, updates the local view
+// and returns the circuit's state. If the store cannot be read, it returns
+// the local view's state with the error.
+func (b *Breaker) State(ctx context.Context) (State, error) {
+	b.startWatch()
+	err := b.read(ctx)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.state, err
+}
+
+// read reads the shared record and applies it to the local view. It
+// returns ctx's error or the store's (counted).
+func (b *Breaker) read(ctx context.Context) error {
+	b.mu.Lock()
+	start := b.seq
+	b.mu.Unlock()
+	rec, _, err := b.circ.Get(ctx, b.name)
+	b.mu.Lock()
+	defer b.unlock()
+	if err != nil {
+		if cerr := ctxErr(ctx, err); cerr != nil {
+			return cerr
+		}
+		b.storeFailedLocked(err)
+		return err
+	}
+	b.storeOKLocked()
+	b.applyLocked(rec, start, false)
+	return nil
+}
+
+// Stats returns the Breaker's counters and local view. It does no I/O.
+func (b *Breaker) Stats() Stats {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return Stats{
+		State:          b.state,
+		Failures:       b.fails,
+		Calls:          b.calls.Load(),
+		Successes:      b.successes.Load(),
+		CallFailures:   b.failures.Load(),
+		Ignored:        b.ignored.Load(),
+		Rejections:     b.rejections.Load(),
+		Probes:         b.probesGranted.Load(),
+		StoreErrors:    b.storeErrs.Load(),
+		StoreDown:      b.storeDown,
+		LastStoreError: b.storeErr,
+	}
+}
+
+// Close stops the Breaker's notification subscription and waits for its
+// goroutine to end. The Breaker stays usable afterwards; it then reads the
+// shared record every SyncInterval instead. Close is idempotent and always
+// returns nil.
+func (b *Breaker) Close() error {
+	b.mu.Lock()
+	b.closed = true
+	cancel := b.cancel
+	b.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	b.wg.Wait()
+	return nil
+}
+
+// ---------------------------------------------------------------------------
+// admission
+
+type ticketKind int
+
+const (
+	normalCall ticketKind = iota // closed circuit
+	probeCall                    // the store granted this Breaker the probe slot
+	localProbe                   // the store is unreachable; the local view probes
+)
+
+type ticket struct{ kind ticketKind }
+
+type outcome int
+
+const (
+	outcomeSuccess outcome = iota
+	outcomeFailure
+	outcomeIgnored
+)
+
+func (b *Breaker) classify(ctx context.Context, err error) outcome {
+	switch {
+	case err == nil:
+		return outcomeSuccess
+	case ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
+		return outcomeIgnored
+	case b.isFailure != nil && !b.isFailure(err):
+		return outcomeSuccess
+	}
+	return outcomeFailure
+}
+
+// admit decides whether a call may run: the returned error is ErrOpen's
+// or ctx's.
+func (b *Breaker) admit(ctx context.Context) (ticket, error) {
+	b.startWatch()
+	if err := b.maybeSync(ctx); err != nil {
+		return ticket{}, err
+	}
+	b.mu.Lock()
+	now := time.Now()
+	if b.failClosed && b.storeDown {
+		err := b.rejectLocked(now)
+		b.unlock()
+		return ticket{}, err
+	}
+	if b.state == Closed {
+		b.mu.Unlock()
+		return ticket{kind: normalCall}, nil
+	}
+	// Open or half-open: only a probe may run, one at a time per Breaker.
+	if b.probing || (b.chain == "" && now.Before(b.nextProbe)) {
+		err := b.rejectLocked(now)
+		b.unlock()
+		return ticket{}, err
+	}
+	if b.storeDown {
+		// Fail open on the local view, whose open period has passed: this
+		// call is a local probe. (The periodic read finds out when the
+		// store answers again.)
+		b.probing = true
+		b.mu.Unlock()
+		return ticket{kind: localProbe}, nil
+	}
+	id := b.chain
+	if id == "" {
+		id = b.owner + "." + strconv.FormatUint(b.probeSeq.Add(1), 10)
+	}
+	b.probing = true
+	start := b.seq
+	b.mu.Unlock()
+
+	rec, granted, err := b.circ.TryProbe(ctx, b.name, id, b.openFor, b.probeLease)
+
+	b.mu.Lock()
+	defer b.unlock()
+	now = time.Now()
+	if err != nil {
+		b.probing = false
+		if cerr := ctxErr(ctx, err); cerr != nil {
+			// The slot may have been granted: keep the id so that the
+			// next call renews it instead of waiting for it to lapse.
+			b.chain = id
+			return ticket{}, cerr
+		}
+		b.storeFailedLocked(err)
+		b.chain = id
+		if b.failClosed {
+			return ticket{}, b.rejectLocked(now)
+		}
+		b.probing = true
+		return ticket{kind: localProbe}, nil
+	}
+	b.storeOKLocked()
+	b.applyLocked(rec, start, false)
+	if granted {
+		b.chain = id
+		b.probesGranted.Add(1)
+		return ticket{kind: probeCall}, nil
+	}
+	b.probing = false
+	if b.state == Closed {
+		return ticket{kind: normalCall}, nil
+	}
+	if !b.nextProbe.After(now) {
+		// The store says not yet although the local estimate had passed:
+		// try again after a short pause rather than on every call.
+		b.nextProbe = now.Add(min(b.syncEvery, b.openFor))
+	}
+	return ticket{}, b.rejectLocked(now)
+}
+
+// rejectLocked counts and returns a rejection; b.mu is held.
+func (b *Breaker) rejectLocked(now time.Time) error {
+	b.rejections.Add(1)
+	e := &OpenError{Name: b.name, State: b.state}
+	if b.nextProbe.After(now) && b.state != Closed {
+		e.Until = b.nextProbe
+	}
+	if b.failClosed && b.storeDown {
+		e.StoreErr = b.storeErr
+	}
+	return e
+}
+
+// finish records a call's outcome.
+func (b *Breaker) finish(ctx context.Context, t ticket, out outcome) {
+	switch out {
+	case outcomeIgnored:
+		b.ignored.Add(1)
+		if t.kind != normalCall {
+			// An inconclusive probe: the slot stays ours (b.chain), so the
+			// next call may probe at once.
+			b.mu.Lock()
+			b.probing = false
+			b.mu.Unlock()
+		}
+	case outcomeSuccess:
+		b.successes.Add(1)
+		b.succeeded(ctx, t)
+	case outcomeFailure:
+		b.failures.Add(1)
+		b.failed(ctx, t)
+	}
+}
+
+func (b *Breaker) succeeded(ctx context.Context, t ticket) {
+	b.mu.Lock()
+	switch t.kind {
+	case normalCall:
+		// Write only the first success after failures.
+		if b.state != Closed || b.resetting || b.fails == 0 {
+			b.mu.Unlock()
+			return
+		}
+		if b.storeDown {
+			b.fails = 0
+			b.mu.Unlock()
+			return
+		}
+		b.resetting = true
+	case probeCall:
+		b.chainOK++
+		if b.chainOK < b.probes {
+			b.probing = false // the next call is the next probe
+			b.mu.Unlock()
+			return
+		}
+	case localProbe:
+		b.probing = false
+		b.chain, b.chainOK = "", 0
+		b.fails = 0
+		b.setStateLocked(Closed)
+		b.unlock()
+		return
+	}
+	start := b.seq
+	b.mu.Unlock()
+
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+	rec, err := b.circ.RecordSuccess(wctx, b.name)
+	cancel()
+
+	b.mu.Lock()
+	defer b.unlock()
+	if t.kind == normalCall {
+		b.resetting = false
+	} else {
+		b.probing = false
+		b.chain, b.chainOK = "", 0
+	}
+	if err != nil {
+		b.storeFailedLocked(err)
+		// The local view closes (or stays closed) and forgets failures.
+		b.fails = 0
+		b.setStateLocked(Closed)
+		return
+	}
+	b.storeOKLocked()
+	b.applyLocked(rec, start, false)
+}
+
+func (b *Breaker) failed(ctx context.Context, t ticket) {
+	b.mu.Lock()
+	switch t.kind {
+	case normalCall:
+		if b.state != Closed {
+			// A late failure of a call admitted before the circuit
+			// opened: nothing new to record.
+			b.mu.Unlock()
+			return
+		}
+		if b.storeDown {
+			b.countLocallyLocked()
+			b.unlock()
+			return
+		}
+	case localProbe:
+		b.probing = false
+		b.openLocallyLocked(time.Now())
+		b.unlock()
+		return
+	}
+	start := b.seq
+	b.mu.Unlock()
+
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+	rec, err := b.circ.RecordFailure(wctx, b.name, b.threshold)
+	cancel()
+
+	b.mu.Lock()
+	defer b.unlock()
+	if t.kind == probeCall {
+		b.probing = false
+		b.chain, b.chainOK = "", 0
+	}
+	if err != nil {
+		b.storeFailedLocked(err)
+		if t.kind == probeCall {
+			b.openLocallyLocked(time.Now())
+			return
+		}
+		b.countLocallyLocked()
+		return
+	}
+	b.storeOKLocked()
+	b.applyLocked(rec, start, false)
+}
+
+// countLocallyLocked counts a failure the store could not record; b.mu is
+// held.
+func (b *Breaker) countLocallyLocked() {
+	b.fails++
+	if b.state == Closed && b.fails >= int64(b.threshold) {
+		b.openLocallyLocked(time.Now())
+	}
+}
+
+// openLocallyLocked opens the local view without the store; b.mu is held.
+func (b *Breaker) openLocallyLocked(now time.Time) {
+	b.chain, b.chainOK = "", 0
+	b.nextProbe = now.Add(b.openFor)
+	b.setStateLocked(Open)
+}
+
+// ---------------------------------------------------------------------------
+// the local view
+
+// applyLocked makes rec, read from the store or returned by a write, the
+// local view, unless it is older than the view; b.mu is held. start is
+// b.seq when the operation that returned rec began: a record with a lower
+// version than the view's is accepted only from an operation that began
+// after the view was last updated (the circuit was deleted and recreated).
+// A notification with version 0 is a deletion.
+func (b *Breaker) applyLocked(rec driver.CircuitRecord, start uint64, notified bool) {
+	if rec.Version < b.rec.Version {
+		if notified && rec.Version != 0 || !notified && start != b.seq {
+			return
+		}
+	}
+	if rec.Name == "" {
+		rec.Name = b.name
+	}
+	if !rec.State.Valid() {
+		rec.State = Closed
+	}
+	prev, prevState := b.rec, b.state
+	b.rec = rec
+	b.seq++
+	b.fails = rec.Failures
+	now := time.Now()
+	switch rec.State {
+	case Open:
+		if prevState != Open || prev.State != Open || !prev.OpenedAt.Equal(rec.OpenedAt) {
+			// How long it has been open already, by the store's clock
+			// alone; the rest of the open period runs on ours.
+			already := max(rec.UpdatedAt.Sub(rec.OpenedAt), 0)
+			b.nextProbe = now.Add(max(b.openFor-already, 0))
+		}
+	case HalfOpen:
+		if prevState != HalfOpen || prev.ProbeOwner != rec.ProbeOwner || !prev.ProbeUntil.Equal(rec.ProbeUntil) {
+			// The slot was granted at UpdatedAt and lapses at ProbeUntil.
+			b.nextProbe = now.Add(max(rec.ProbeUntil.Sub(rec.UpdatedAt), 0))
+		}
+	}
+	if rec.State != HalfOpen || rec.ProbeOwner != b.chain {
+		b.chain, b.chainOK = "", 0
+	}
+	b.setStateLocked(rec.State)
+}
+
+// setStateLocked changes the local view's state and queues the
+// OnStateChange call; b.mu is held.
+func (b *Breaker) setStateLocked(to State) {
+	from := b.state
+	if from == to {
+		return
+	}
+	b.state = to
+	if b.onChange != nil {
+		b.pending = append(b.pending, transition{from, to})
+	}
+}
+
+// unlock releases b.mu and then makes the queued OnStateChange calls,
+// unless another goroutine is already making them (it will make these
+// too). Calls are thus made in order, one at a time, without b.mu held.
+func (b *Breaker) unlock() {
+	if b.delivering || len(b.pending) == 0 {
+		b.mu.Unlock()
+		return
+	}
+	b.delivering = true
+	done := false
+	defer func() {
+		if !done { // OnStateChange panicked
+			b.mu.Lock()
+			b.delivering = false
+			b.mu.Unlock()
+		}
+	}()
+	for len(b.pending) > 0 {
+		batch := b.pending
+		b.pending = nil
+		b.mu.Unlock()
+		for _, tr := range batch {
+			b.onChange(b.name, tr.from, tr.to)
+		}
+		b.mu.Lock()
+	}
+	b.delivering = false
+	b.mu.Unlock()
+	done = true
+}
+
+func (b *Breaker) storeFailedLocked(err error) {
+	b.storeErrs.Add(1)
+	if !b.storeDown {
+		mode := "failing open on its local view"
+		if b.failClosed {
+			mode = "failing closed"
+		}
+		b.log.Warn("breaker: store unreachable, "+mode, "circuit", b.name, "err", err)
+	}
+	b.storeDown = true
+	b.storeErr = err
+}
+
+func (b *Breaker) storeOKLocked() {
+	if b.storeDown {
+		b.log.Info("breaker: store reachable again", "circuit", b.name)
+	}
+	b.storeDown = false
+}
+
+// maybeSync reads the shared record if the local view is due for it. Only
+// a ctx error is returned; a store error is counted and the local view
+// kept.
+func (b *Breaker) maybeSync(ctx context.Context) error {
+	b.mu.Lock()
+	now := time.Now()
+	due := b.resyncing || b.lastSync.IsZero() ||
+		((!b.watching || b.storeDown) && now.Sub(b.lastSync) >= b.syncEvery)
+	if !due || b.syncing {
+		b.mu.Unlock()
+		return nil
+	}
+	prevSync, prevResync := b.lastSync, b.resyncing
+	b.syncing, b.resyncing, b.lastSync = true, false, now
+	start := b.seq
+	b.mu.Unlock()
+
+	rec, _, err := b.circ.Get(ctx, b.name)
+
+	b.mu.Lock()
+	defer b.unlock()
+	b.syncing = false
+	if err != nil {
+		if cerr := ctxErr(ctx, err); cerr != nil {
+			b.lastSync, b.resyncing = prevSync, prevResync || b.resyncing
+			return cerr
+		}
+		b.storeFailedLocked(err)
+		return nil
+	}
+	b.storeOKLocked()
+	b.applyLocked(rec, start, false)
+	return nil
+}
+
+// startWatch starts the notification subscription once, if the store has
+// notifications.
+func (b *Breaker) startWatch() {
+	if !b.canWatch {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.started || b.closed {
+		return
+	}
+	b.started = true
+	ctx, cancel := context.WithCancel(context.Background())
+	b.cancel = cancel
+	b.wg.Add(1)
+	go b.watch(ctx)
+}
+
+// watch applies circuit notifications to the local view until ctx ends
+// (Close) or the store closes, resubscribing with back-off when the
+// stream breaks.
+func (b *Breaker) watch(ctx context.Context) {
+	defer b.wg.Done()
+	backoff := 100 * time.Millisecond
+	for {
+		ch, err := b.circ.Watch(ctx)
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, warden.ErrClosed) || errors.Is(err, errors.ErrUnsupported) {
+				return
+			}
+			b.log.Warn("breaker: cannot subscribe to circuit notifications; reading the record every SyncInterval", "circuit", b.name, "err", err)
+			if !sleep(ctx, backoff) {
+				return
+			}
+			backoff = min(backoff*2, maxWatchBackoff)
+			continue
+		}
+		backoff = 100 * time.Millisecond
+		b.mu.Lock()
+		b.watching = true
+		b.mu.Unlock()
+		// Changes made before the subscription began were not delivered:
+		// read the record now.
+		b.resync(ctx)
+		for rec := range ch {
+			switch rec.Name {
+			case "": // events were lost
+				b.resync(ctx)
+			case b.name:
+				b.mu.Lock()
+				b.applyLocked(rec, 0, true)
+				b.unlock()
+			}
+		}
+		b.mu.Lock()
+		b.watching = false
+		b.resyncing = true
+		b.mu.Unlock()
+		if ctx.Err() != nil || b.st.Closed() {
+			return
+		}
+		if !sleep(ctx, backoff) {
+			return
+		}
+	}
+}
+
+// resync reads the record for the watcher; if that fails, the next call
+// reads it instead.
+func (b *Breaker) resync(ctx context.Context) {
+	if err := b.read(ctx); err != nil {
+		b.mu.Lock()
+		b.resyncing = true
+		b.mu.Unlock()
+	}
+}
+
+// sleep waits for d or ctx; false if ctx ended.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// ctxErr returns ctx's error if err was caused by ctx ending.
+func ctxErr(ctx context.Context, err error) error {
+	if cerr := ctx.Err(); cerr != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, cerr)) {
+		return cerr
+	}
+	return nil
+}

@@ -1,0 +1,604 @@
+// Package idempotency runs an operation at most once per key across every
+// process that shares a warden store, and hands its stored result to every
+// duplicate request:
+//
+//	receipt, err := idempotency.Do(ctx, st, "charge:"+requestID, func(ctx context.Context) (Receipt, error) {
+//		return chargeCard(ctx, order)
+//	}, &idempotency.Options{Fingerprint: hashOf(order)})
+//
+// The first caller claims the key in the store (one atomic operation) and
+// runs fn; while it runs, the claim's lease is renewed in the background.
+// Concurrent duplicates — in this process or any other — wait for the
+// result and return it (or get ErrInProgress with NoWait). A success is
+// stored for Retain; later duplicates return it without running fn.
+//
+// # Failures
+//
+// An error of fn is not stored by default: the claim is given back, so a
+// retry runs fn again (and so does a duplicate that was waiting). With
+// CacheErrors the error's message is stored instead, and every later
+// duplicate gets a *StoredError (matching ErrStoredError) — never a zero
+// value passed off as a success. A caller that gave up (its ctx ended) never
+// stores its error.
+//
+// A claimant that dies keeps the key only until its lease lapses; then a
+// duplicate takes it over and runs fn. Conversely, if a claimant cannot
+// renew its lease in time (the store is unreachable) or finds it taken
+// over, fn's context is cancelled with a cause matching ErrLeaseLost and
+// Do reports ErrLeaseLost: another caller may be running fn by then, and
+// this result is not stored.
+//
+// # Results
+//
+// Results are encoded with Options.Codec (JSON by default) inside a small
+// JSON envelope that tells a success from a stored error. A record written
+// directly with st.Idempotency().Set (operators, go-go-scope-style use) is
+// read as a bare encoded value.
+package idempotency
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	mrand "math/rand/v2"
+	"os"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/warden-go/warden"
+	"github.com/warden-go/warden/driver"
+)
+
+// Defaults of Options' zero values.
+const (
+	DefaultLease   = 30 * time.Second
+	DefaultRetain  = 24 * time.Hour
+	DefaultPollMin = 50 * time.Millisecond
+	DefaultPollMax = time.Second
+)
+
+// Errors matched with errors.Is.
+var (
+	// ErrInProgress: another caller runs the operation and Options.NoWait
+	// is set. The error is an *InProgressError.
+	ErrInProgress = errors.New("idempotency: operation in progress")
+	// ErrMismatch: the key is claimed or completed with a different
+	// request fingerprint. The error is a *MismatchError.
+	ErrMismatch = errors.New("idempotency: request fingerprint mismatch")
+	// ErrStoredError: the key's stored outcome is an error (CacheErrors).
+	// The error is a *StoredError.
+	ErrStoredError = errors.New("idempotency: stored error")
+	// ErrLeaseLost: the claim was lost while fn ran — its lease could not
+	// be renewed in time, or another caller took the key over, or an
+	// operator deleted it. fn's context is cancelled with this cause and
+	// its result is not stored.
+	ErrLeaseLost = errors.New("idempotency: claim lost")
+)
+
+// InProgressError reports a key another caller is running.
+type InProgressError struct {
+	Key   string
+	Owner string // the claimant
+	// Until is when the claimant's lease lapses unless renewed, by the
+	// store's clock.
+	Until time.Time
+}
+
+func (e *InProgressError) Error() string {
+	return fmt.Sprintf("idempotency: key %q is in progress (claimed by %s until %s)",
+		e.Key, e.Owner, e.Until.Format(time.RFC3339Nano))
+}
+
+// Is reports whether target is ErrInProgress.
+func (e *InProgressError) Is(target error) bool { return target == ErrInProgress }
+
+// MismatchError reports a key used with two different request
+// fingerprints.
+type MismatchError struct {
+	Key    string
+	Stored string // the fingerprint stored with the key
+	Given  string // the caller's fingerprint
+}
+
+func (e *MismatchError) Error() string {
+	return fmt.Sprintf("idempotency: key %q was used for a different request (fingerprint %q, this request's %q)",
+		e.Key, e.Stored, e.Given)
+}
+
+// Is reports whether target is ErrMismatch.
+func (e *MismatchError) Is(target error) bool { return target == ErrMismatch }
+
+// StoredError is the error a duplicate gets when the key's stored outcome
+// is an error (Options.CacheErrors). Only the message survives storage.
+type StoredError struct {
+	Key     string
+	Message string // the original error's message
+}
+
+func (e *StoredError) Error() string {
+	return fmt.Sprintf("idempotency: key %q: stored error: %s", e.Key, e.Message)
+}
+
+// Is reports whether target is ErrStoredError.
+func (e *StoredError) Is(target error) bool { return target == ErrStoredError }
+
+// Codec encodes results for storage.
+type Codec interface {
+	Marshal(v any) ([]byte, error)
+	Unmarshal(data []byte, v any) error
+}
+
+// JSON is the default Codec, encoding/json.
+var JSON Codec = jsonCodec{}
+
+type jsonCodec struct{}
+
+func (jsonCodec) Marshal(v any) ([]byte, error)      { return json.Marshal(v) }
+func (jsonCodec) Unmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }
+
+// Options configure Do. The zero value (or nil) gives the defaults.
+type Options struct {
+	// Lease is the claim's lease: a claimant that dies holds the key at
+	// most this long. It is renewed every Lease/3 while fn runs. 0:
+	// DefaultLease (30 s). At least one millisecond.
+	Lease time.Duration
+	// Retain is how long a result is kept. 0: DefaultRetain (24 h).
+	Retain time.Duration
+	// NoWait makes a duplicate that finds the key in progress return an
+	// *InProgressError at once. By default it waits for the result.
+	NoWait bool
+	// PollMin and PollMax bound the jittered exponential back-off of a
+	// waiting duplicate between checks of the key. 0: DefaultPollMin
+	// (50 ms) and DefaultPollMax (1 s).
+	PollMin, PollMax time.Duration
+	// CacheErrors stores fn's errors (their messages) like results:
+	// duplicates get a *StoredError until the record lapses. By default
+	// an error is not stored and a later call runs fn again.
+	CacheErrors bool
+	// Fingerprint identifies the request (for example a hash of its
+	// body), at most 512 bytes. If both it and the fingerprint stored
+	// with the key are non-empty and differ, Do returns a *MismatchError.
+	Fingerprint string
+	// Owner names this caller in the key's record; a unique suffix is
+	// added for each call, so that two calls never share a claim. "":
+	// host:pid.
+	Owner string
+	// Codec encodes results. Nil: JSON.
+	Codec Codec
+}
+
+// settings are resolved Options.
+type settings struct {
+	lease, retain    time.Duration
+	pollMin, pollMax time.Duration
+	noWait           bool
+	cacheErrors      bool
+	fingerprint      string
+	owner            string
+	codec            Codec
+}
+
+var (
+	processID = func() string {
+		host, err := os.Hostname()
+		if err != nil || host == "" {
+			host = "unknown-host"
+		}
+		var b [6]byte
+		_, _ = rand.Read(b[:])
+		return host + ":" + strconv.Itoa(os.Getpid()) + ":" + hex.EncodeToString(b[:])
+	}()
+	callSeq atomic.Uint64
+)
+
+func resolve(opts *Options) (settings, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	bad := func(format string, args ...any) (settings, error) {
+		return settings{}, fmt.Errorf("idempotency: %w: "+format, append([]any{warden.ErrInvalidArgument}, args...)...)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"Lease", o.Lease}, {"Retain", o.Retain}, {"PollMin", o.PollMin}, {"PollMax", o.PollMax}} {
+		if d.v < 0 || (d.v > 0 && d.v < time.Millisecond) {
+			return bad("%s %v is under one millisecond", d.name, d.v)
+		}
+	}
+	s := settings{
+		lease:       or(o.Lease, DefaultLease),
+		retain:      or(o.Retain, DefaultRetain),
+		pollMin:     or(o.PollMin, DefaultPollMin),
+		pollMax:     or(o.PollMax, DefaultPollMax),
+		noWait:      o.NoWait,
+		cacheErrors: o.CacheErrors,
+		fingerprint: o.Fingerprint,
+		codec:       o.Codec,
+	}
+	if o.PollMax == 0 && s.pollMax < s.pollMin {
+		s.pollMax = s.pollMin
+	}
+	if s.pollMax < s.pollMin {
+		return bad("PollMax %v is under PollMin %v", s.pollMax, s.pollMin)
+	}
+	if s.codec == nil {
+		s.codec = JSON
+	}
+	base := o.Owner
+	if base == "" {
+		base = processID
+	}
+	s.owner = base + "#" + strconv.FormatUint(callSeq.Add(1), 10)
+	if err := warden.ValidateKey(s.owner); err != nil {
+		return settings{}, fmt.Errorf("idempotency: owner: %w", err)
+	}
+	return s, nil
+}
+
+func or(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
+}
+
+// Do runs fn once for key across every process sharing st's namespace and
+// returns its result; duplicates return the stored result. See the package
+// documentation for the details. Errors: ctx's error (unchanged) if ctx
+// ends first; *InProgressError (NoWait); *MismatchError; *StoredError; an
+// error matching ErrLeaseLost if the claim was lost while fn ran; a store
+// error (*warden.Error); or fn's own error. When fn ran and succeeded but
+// its result could not be stored, Do returns fn's value together with the
+// error.
+func Do[T any](ctx context.Context, st *warden.Store, key string, fn func(ctx context.Context) (T, error), opts *Options) (T, error) {
+	var zero T
+	if st == nil || fn == nil {
+		return zero, fmt.Errorf("idempotency: %w: nil store or function", warden.ErrInvalidArgument)
+	}
+	s, err := resolve(opts)
+	if err != nil {
+		return zero, err
+	}
+	idem := st.Idempotency()
+	backoff := s.pollMin
+	for {
+		sent := time.Now()
+		rec, out, err := idem.Claim(ctx, key, s.owner, s.lease, s.fingerprint)
+		if err != nil {
+			return zero, err
+		}
+		switch out {
+		case driver.Claimed, driver.TakenOver:
+			return run(ctx, st, key, fn, &s, sent)
+		case driver.Completed:
+			if err := s.checkFingerprint(key, rec); err != nil {
+				return zero, err
+			}
+			return decode[T](key, rec.Result, s.codec)
+		case driver.InProgress:
+			if err := s.checkFingerprint(key, rec); err != nil {
+				return zero, err
+			}
+			if s.noWait {
+				return zero, &InProgressError{Key: key, Owner: rec.Owner, Until: rec.ExpiresAt}
+			}
+			if err := pause(ctx, backoff, rec); err != nil {
+				return zero, err
+			}
+			backoff = min(backoff*2, s.pollMax)
+		default:
+			return zero, fmt.Errorf("idempotency: key %q: the %s store answered an unknown claim outcome %d", key, st.Name(), out)
+		}
+	}
+}
+
+// Result returns key's stored result without claiming the key or running
+// anything: found=false if no result is stored (absent, lapsed, or still
+// in progress). A stored error is returned as a *StoredError with
+// found=true. opts supplies the Codec and Fingerprint; nil: JSON, none.
+func Result[T any](ctx context.Context, st *warden.Store, key string, opts *Options) (v T, found bool, err error) {
+	if st == nil {
+		return v, false, fmt.Errorf("idempotency: %w: nil store", warden.ErrInvalidArgument)
+	}
+	s, err := resolve(opts)
+	if err != nil {
+		return v, false, err
+	}
+	rec, ok, err := st.Idempotency().Get(ctx, key)
+	if err != nil || !ok || rec.Status != driver.IdemCompleted {
+		return v, false, err
+	}
+	if err := s.checkFingerprint(key, rec); err != nil {
+		return v, true, err
+	}
+	v, err = decode[T](key, rec.Result, s.codec)
+	return v, true, err
+}
+
+func (s *settings) checkFingerprint(key string, rec driver.IdemRecord) error {
+	if s.fingerprint != "" && rec.Fingerprint != "" && s.fingerprint != rec.Fingerprint {
+		return &MismatchError{Key: key, Stored: rec.Fingerprint, Given: s.fingerprint}
+	}
+	return nil
+}
+
+// pause waits before the next claim attempt: a jittered back-off, and no
+// longer than the claimant's lease can still run. The record's times are
+// the store's: the lease lapses at most ExpiresAt−CreatedAt after this
+// record was read (the claim began at CreatedAt, before the read), so that
+// duration bounds the wait without comparing the store's clock with ours.
+func pause(ctx context.Context, backoff time.Duration, rec driver.IdemRecord) error {
+	d := backoff/2 + mrand.N(backoff/2+1)
+	if left := rec.ExpiresAt.Sub(rec.CreatedAt); left > 0 && d > left {
+		d = left
+	}
+	d = max(d, time.Millisecond)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// run runs fn under a claim made at sent, renewing the claim while fn
+// runs, and stores the outcome.
+func run[T any](ctx context.Context, st *warden.Store, key string, fn func(context.Context) (T, error), s *settings, sent time.Time) (T, error) {
+	idem := st.Idempotency()
+	log := st.Logger()
+	runCtx, cancelRun := context.WithCancelCause(ctx)
+	defer cancelRun(nil)
+	ext := startRenewal(ctx, idem, log, key, s.owner, s.lease, sent, cancelRun)
+
+	// Writes after fn returns do not follow ctx's cancellation: the
+	// outcome must be stored (or the claim given back) even if the caller
+	// has gone. They are bounded by the lease.
+	finalCtx := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.WithoutCancel(ctx), s.lease)
+	}
+	returned := false
+	defer func() {
+		if returned {
+			return
+		}
+		// fn panicked: give the key back; the panic goes on.
+		if ext.stop() == nil {
+			fctx, cancel := finalCtx()
+			abandon(fctx, idem, log, key, s.owner)
+			cancel()
+		}
+	}()
+	v, ferr := fn(runCtx)
+	returned = true
+	if lost := ext.stop(); lost != nil {
+		if ferr != nil {
+			return v, fmt.Errorf("%w (fn returned: %w)", lost, ferr)
+		}
+		return v, lost
+	}
+	fctx, cancel := finalCtx()
+	defer cancel()
+
+	if ferr != nil {
+		callerGone := ctx.Err() != nil && (errors.Is(ferr, context.Canceled) || errors.Is(ferr, context.DeadlineExceeded))
+		if s.cacheErrors && !callerGone {
+			data, err := json.Marshal(envelope{Marker: 1, OK: false, Error: ferr.Error()})
+			if err == nil {
+				err = complete(fctx, idem, key, s.owner, data, s.retain)
+			}
+			if err != nil {
+				log.Warn("idempotency: cannot store the error of fn", "key", key, "err", err)
+				abandon(fctx, idem, log, key, s.owner)
+			}
+			return v, ferr
+		}
+		abandon(fctx, idem, log, key, s.owner)
+		return v, ferr
+	}
+	data, err := encode(s.codec, v)
+	if err != nil {
+		abandon(fctx, idem, log, key, s.owner)
+		return v, fmt.Errorf("idempotency: key %q: fn succeeded but its result cannot be encoded: %w", key, err)
+	}
+	if err := complete(fctx, idem, key, s.owner, data, s.retain); err != nil {
+		if !errors.Is(err, ErrLeaseLost) {
+			abandon(fctx, idem, log, key, s.owner)
+		}
+		return v, fmt.Errorf("idempotency: key %q: fn succeeded but its result was not stored: %w", key, err)
+	}
+	return v, nil
+}
+
+// complete stores the outcome, retrying a failed attempt twice. An attempt
+// whose answer was lost may have been applied: a refusal after a failed
+// attempt is checked by reading the record back.
+func complete(ctx context.Context, idem *warden.Idempotency, key, owner string, data []byte, retain time.Duration) error {
+	var err error
+	for attempt := range 3 {
+		if attempt > 0 {
+			t := time.NewTimer(time.Duration(attempt) * 50 * time.Millisecond)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return err
+			}
+		}
+		var ok bool
+		ok, err = idem.Complete(ctx, key, owner, data, retain)
+		if err == nil {
+			if ok {
+				return nil
+			}
+			if attempt > 0 {
+				rec, found, gerr := idem.Get(ctx, key)
+				if gerr == nil && found && rec.Status == driver.IdemCompleted && rec.Owner == owner {
+					return nil
+				}
+			}
+			return fmt.Errorf("%w: key %q was taken over or deleted before the result was stored", ErrLeaseLost, key)
+		}
+		if errors.Is(err, warden.ErrValueTooLarge) || errors.Is(err, warden.ErrInvalidArgument) ||
+			errors.Is(err, warden.ErrClosed) || ctx.Err() != nil {
+			return err
+		}
+	}
+	return err
+}
+
+// abandon gives the claim back so that a retry may run fn; a failure is
+// logged (the claim then lapses with its lease).
+func abandon(ctx context.Context, idem *warden.Idempotency, log *slog.Logger, key, owner string) {
+	if _, err := idem.Abandon(ctx, key, owner); err != nil {
+		log.Warn("idempotency: cannot give the claim back; it lapses with its lease", "key", key, "err", err)
+	}
+}
+
+// renewal renews a claim in the background while fn runs. Its goroutine
+// is owned by run, which stops it and waits for it before returning.
+type renewal struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+	lost   error // set before done is closed
+}
+
+func startRenewal(parent context.Context, idem *warden.Idempotency, log *slog.Logger, key, owner string, lease time.Duration, sent time.Time, cancelRun context.CancelCauseFunc) *renewal {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(parent))
+	r := &renewal{cancel: cancel, done: make(chan struct{})}
+	go r.run(ctx, idem, log, key, owner, lease, sent, cancelRun)
+	return r
+}
+
+// run renews every lease/3. The claim is proven held until the local time
+// at which the last successful renewal was sent plus the lease. A renewal
+// that fails is retried sooner; if none succeeds before that deadline, or
+// the store says the claim is no longer ours, fn's context is cancelled
+// with ErrLeaseLost. A tick that comes after the deadline (the process was
+// paused) still asks the store: a renewal that succeeds proves that nobody
+// took the key over meanwhile.
+func (r *renewal) run(ctx context.Context, idem *warden.Idempotency, log *slog.Logger, key, owner string, lease time.Duration, sent time.Time, cancelRun context.CancelCauseFunc) {
+	defer close(r.done)
+	every := max(lease/3, time.Millisecond)
+	deadline := sent.Add(lease)
+	t := time.NewTimer(every)
+	defer t.Stop()
+	var lastErr error // the last failed renewal's error
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		// Without an answer by the deadline the claim can no longer be
+		// proven held.
+		wait := time.Until(deadline)
+		if wait <= 0 {
+			if lastErr != nil {
+				r.lost = fmt.Errorf("%w: key %q: the claim could not be renewed before its lease ran out: %w", ErrLeaseLost, key, lastErr)
+				cancelRun(r.lost)
+				return
+			}
+			wait = every
+		}
+		at := time.Now()
+		rctx, rcancel := context.WithTimeout(ctx, wait)
+		ok, err := idem.Extend(rctx, key, owner, lease)
+		timedOut := rctx.Err() == context.DeadlineExceeded
+		rcancel()
+		if ctx.Err() != nil {
+			return
+		}
+		switch {
+		case err == nil && ok:
+			deadline = at.Add(lease)
+			lastErr = nil
+			t.Reset(every)
+			continue
+		case err == nil:
+			r.lost = fmt.Errorf("%w: key %q: the claim is no longer ours (taken over after its lease lapsed, or deleted)", ErrLeaseLost, key)
+			cancelRun(r.lost)
+			return
+		}
+		// A renewal cut short by the deadline says less than the store
+		// error before it.
+		if !timedOut || lastErr == nil {
+			lastErr = err
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			r.lost = fmt.Errorf("%w: key %q: the claim could not be renewed before its lease ran out: %w", ErrLeaseLost, key, lastErr)
+			cancelRun(r.lost)
+			return
+		}
+		log.Warn("idempotency: cannot renew the claim; retrying", "key", key, "err", err)
+		t.Reset(max(min(every/4, left/2), time.Millisecond))
+	}
+}
+
+// stop ends the renewal, waits for its goroutine and reports why the claim
+// was lost, if it was.
+func (r *renewal) stop() error {
+	r.cancel()
+	<-r.done
+	return r.lost
+}
+
+// envelope is how a stored outcome is written: {"$warden":1,"ok":true,
+// "value":…} for a success encoded as JSON, "data" (base64) for another
+// codec's bytes, {"$warden":1,"ok":false,"error":"…"} for an error.
+type envelope struct {
+	Marker int             `json:"$warden"`
+	OK     bool            `json:"ok"`
+	Value  json.RawMessage `json:"value,omitempty"`
+	Data   []byte          `json:"data,omitempty"`
+	Error  string          `json:"error,omitempty"`
+}
+
+func encode(c Codec, v any) ([]byte, error) {
+	b, err := c.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	env := envelope{Marker: 1, OK: true}
+	if json.Valid(b) {
+		env.Value = b
+	} else {
+		env.Data = b
+	}
+	return json.Marshal(env)
+}
+
+func decode[T any](key string, stored []byte, c Codec) (T, error) {
+	var v T
+	var env envelope
+	if err := json.Unmarshal(stored, &env); err != nil || env.Marker != 1 {
+		// Not written by Do: a bare value (st.Idempotency().Set).
+		if err := c.Unmarshal(stored, &v); err != nil {
+			return v, fmt.Errorf("idempotency: key %q: cannot decode the stored result: %w", key, err)
+		}
+		return v, nil
+	}
+	if !env.OK {
+		return v, &StoredError{Key: key, Message: env.Error}
+	}
+	raw := []byte(env.Value)
+	if raw == nil {
+		raw = env.Data
+		if raw == nil {
+			raw = []byte{} // a codec's empty encoding
+		}
+	}
+	if err := c.Unmarshal(raw, &v); err != nil {
+		return v, fmt.Errorf("idempotency: key %q: cannot decode the stored result: %w", key, err)
+	}
+	return v, nil
+}

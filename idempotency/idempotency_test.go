@@ -1,0 +1,572 @@
+package idempotency_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/warden-go/warden"
+	"github.com/warden-go/warden/driver"
+	"github.com/warden-go/warden/idempotency"
+	"github.com/warden-go/warden/store/memory"
+)
+
+type receipt struct {
+	ID     string `json:"id"`
+	Amount int    `json:"amount"`
+}
+
+// 100 concurrent duplicates spread over several processes (stores on one
+// database): fn runs once, and every caller gets its result.
+func TestConcurrentDuplicatesRunOnce(t *testing.T) {
+	t.Parallel()
+	const callers, procs = 100, 4
+	db := dbName(t)
+	ops := newOpCounter()
+	var stores []*warden.Store
+	for range procs {
+		stores = append(stores, openStore(t, db, ops))
+	}
+	var ran atomic.Int32
+	fn := func(ctx context.Context) (receipt, error) {
+		n := ran.Add(1)
+		// Stay in progress until every caller has tried to claim the key.
+		deadline := time.Now().Add(5 * time.Second)
+		for ops.get("idempotency.claim") < callers && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+		return receipt{ID: fmt.Sprint("r-", n), Amount: 42}, nil
+	}
+	results := make([]receipt, callers)
+	errs := make([]error, callers)
+	var wg sync.WaitGroup
+	for i := range callers {
+		wg.Go(func() {
+			results[i], errs[i] = idempotency.Do(context.Background(), stores[i%procs], "charge-1", fn, fast(idemOpts{}))
+		})
+	}
+	wg.Wait()
+	if n := ran.Load(); n != 1 {
+		t.Fatalf("fn ran %d times", n)
+	}
+	want := receipt{ID: "r-1", Amount: 42}
+	for i := range callers {
+		if errs[i] != nil || results[i] != want {
+			t.Fatalf("caller %d got %+v, %v; want %+v", i, results[i], errs[i], want)
+		}
+	}
+	rec, found, err := stores[0].Idempotency().Get(context.Background(), "charge-1")
+	if err != nil || !found || rec.Status != driver.IdemCompleted {
+		t.Fatalf("record %+v found=%v err=%v", rec, found, err)
+	}
+	// A later duplicate returns the stored result without running fn.
+	got, err := idempotency.Do(context.Background(), stores[1], "charge-1", fn, nil)
+	if err != nil || got != want || ran.Load() != 1 {
+		t.Fatalf("later duplicate: %+v, %v (fn ran %d times)", got, err, ran.Load())
+	}
+}
+
+func TestNoWaitReportsInProgress(t *testing.T) {
+	t.Parallel()
+	st := openStore(t, dbName(t), nil)
+	release := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := idempotency.Do(context.Background(), st, "job", func(context.Context) (string, error) {
+			<-release
+			return "first", nil
+		}, &idemOpts{Owner: "worker-a"})
+		done <- err
+	}()
+	eventually(t, "the first call claims the key", func() bool { return pending(t, st, "job") })
+
+	_, err := idempotency.Do(context.Background(), st, "job", func(context.Context) (string, error) {
+		t.Error("a duplicate ran fn")
+		return "", nil
+	}, &idemOpts{NoWait: true})
+	var ip *idempotency.InProgressError
+	if !errors.Is(err, idempotency.ErrInProgress) || !errors.As(err, &ip) {
+		t.Fatalf("duplicate: %v", err)
+	}
+	if ip.Key != "job" || !strings.HasPrefix(ip.Owner, "worker-a#") || ip.Until.IsZero() {
+		t.Errorf("InProgressError %+v", ip)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	v, err := idempotency.Do(context.Background(), st, "job", func(context.Context) (string, error) { return "second", nil }, &idemOpts{NoWait: true})
+	if v != "first" || err != nil {
+		t.Fatalf("after completion: %q, %v", v, err)
+	}
+}
+
+func TestErrorsAreNotStored(t *testing.T) {
+	t.Parallel()
+	st := openStore(t, dbName(t), nil)
+	ctx := context.Background()
+	var ran int
+	fn := func(context.Context) (int, error) {
+		ran++
+		if ran == 1 {
+			return 0, errBoom
+		}
+		return 7, nil
+	}
+	if _, err := idempotency.Do(ctx, st, "k", fn, nil); !errors.Is(err, errBoom) {
+		t.Fatalf("first call: %v", err)
+	}
+	if _, found, _ := st.Idempotency().Get(ctx, "k"); found {
+		t.Fatal("a failed call left a record")
+	}
+	v, err := idempotency.Do(ctx, st, "k", fn, nil)
+	if v != 7 || err != nil || ran != 2 {
+		t.Fatalf("retry: %v, %v (ran %d)", v, err, ran)
+	}
+}
+
+// With CacheErrors a stored error comes back as an error, never as a
+// zero-value success.
+func TestCacheErrors(t *testing.T) {
+	t.Parallel()
+	st := openStore(t, dbName(t), nil)
+	ctx := context.Background()
+	opts := &idemOpts{CacheErrors: true}
+	_, err := idempotency.Do(ctx, st, "k", func(context.Context) (receipt, error) {
+		return receipt{}, fmt.Errorf("card declined: %w", errBoom)
+	}, opts)
+	if !errors.Is(err, errBoom) {
+		t.Fatalf("the call that ran fn gets fn's own error: %v", err)
+	}
+	for _, o := range []*idemOpts{opts, nil} {
+		v, err := idempotency.Do(ctx, st, "k", func(context.Context) (receipt, error) {
+			t.Error("fn ran again despite a stored error")
+			return receipt{ID: "x"}, nil
+		}, o)
+		var se *idempotency.StoredError
+		if err == nil || !errors.Is(err, idempotency.ErrStoredError) || !errors.As(err, &se) {
+			t.Fatalf("duplicate: %+v, %v", v, err)
+		}
+		if se.Message != "card declined: boom" || se.Key != "k" || v != (receipt{}) {
+			t.Errorf("stored error %+v, value %+v", se, v)
+		}
+	}
+	_, found, err := idempotency.Result[receipt](ctx, st, "k", nil)
+	if !found || !errors.Is(err, idempotency.ErrStoredError) {
+		t.Fatalf("Result: found=%v err=%v", found, err)
+	}
+
+	// A caller that gave up does not store its cancellation.
+	cctx, cancel := context.WithCancel(ctx)
+	_, err = idempotency.Do(cctx, st, "k2", func(ctx context.Context) (int, error) {
+		cancel()
+		return 0, ctx.Err()
+	}, opts)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
+	}
+	if _, found, _ := st.Idempotency().Get(ctx, "k2"); found {
+		t.Fatal("a cancellation was stored")
+	}
+}
+
+// A claimant that died (claimed, never completed) loses the key when its
+// lease lapses; a waiting duplicate takes it over and runs fn.
+func TestDeadClaimantIsTakenOver(t *testing.T) {
+	t.Parallel()
+	st := openStore(t, dbName(t), nil)
+	ctx := context.Background()
+	if _, out, err := st.Idempotency().Claim(ctx, "k", "dead-worker", 150*time.Millisecond, ""); err != nil || out != driver.Claimed {
+		t.Fatalf("claim: %v %v", out, err)
+	}
+	var ip *idempotency.InProgressError
+	if _, err := idempotency.Do(ctx, st, "k", func(context.Context) (int, error) { return 0, nil }, &idemOpts{NoWait: true}); !errors.As(err, &ip) || ip.Owner != "dead-worker" {
+		t.Fatalf("NoWait while the dead claim is live: %v", err)
+	}
+	// The waiter's back-off is far longer than the claim's lease, yet it
+	// must not sleep past the lease's end by much: it takes over well
+	// within its deadline.
+	var ran atomic.Int32
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	v, err := idempotency.Do(wctx, st, "k", func(context.Context) (int, error) {
+		ran.Add(1)
+		return 99, nil
+	}, &idemOpts{PollMin: time.Minute, PollMax: time.Minute})
+	if v != 99 || err != nil || ran.Load() != 1 {
+		t.Fatalf("takeover: %v, %v (ran %d)", v, err, ran.Load())
+	}
+	rec, _, _ := st.Idempotency().Get(ctx, "k")
+	if rec.Status != driver.IdemCompleted || rec.Owner == "dead-worker" {
+		t.Fatalf("record after takeover %+v", rec)
+	}
+	// The dead claimant's late completion is refused.
+	if ok, err := st.Idempotency().Complete(ctx, "k", "dead-worker", []byte(`1`), 0); ok || err != nil {
+		t.Fatalf("late completion by the dead claimant: ok=%v err=%v", ok, err)
+	}
+}
+
+// fn runs far longer than the lease: the background renewal keeps the
+// claim, duplicates never run fn, and fn's ctx stays live.
+func TestLongFnKeepsItsClaim(t *testing.T) {
+	t.Parallel()
+	db := dbName(t)
+	st := openStore(t, db, nil)
+	other := openStore(t, db, nil)
+	const lease = 200 * time.Millisecond
+	var ran atomic.Int32
+	finished := make(chan struct{})
+	fn := func(ctx context.Context) (string, error) {
+		ran.Add(1)
+		time.Sleep(4 * lease) // the work itself outlasts the lease
+		if err := context.Cause(ctx); err != nil {
+			return "", fmt.Errorf("fn's ctx ended: %w", err)
+		}
+		return "done", nil
+	}
+	var first string
+	var firstErr error
+	go func() {
+		defer close(finished)
+		first, firstErr = idempotency.Do(context.Background(), st, "k", fn, &idemOpts{Lease: lease})
+	}()
+	eventually(t, "the key is claimed", func() bool { return pending(t, st, "k") })
+
+	var waited string
+	var waitErr error
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		waited, waitErr = idempotency.Do(context.Background(), other, "k", fn, fast(idemOpts{Lease: lease}))
+	})
+	checks := 0
+	for running := true; running; {
+		select {
+		case <-finished:
+			running = false
+		case <-time.After(25 * time.Millisecond):
+			_, err := idempotency.Do(context.Background(), other, "k", fn, &idemOpts{NoWait: true, Lease: lease})
+			if err != nil && !errors.Is(err, idempotency.ErrInProgress) {
+				t.Fatalf("duplicate while running: %v", err)
+			}
+			checks++
+		}
+	}
+	wg.Wait()
+	if first != "done" || firstErr != nil || waited != "done" || waitErr != nil {
+		t.Fatalf("claimant: %q, %v; waiting duplicate: %q, %v", first, firstErr, waited, waitErr)
+	}
+	if n := ran.Load(); n != 1 || checks < 5 {
+		t.Fatalf("fn ran %d times (%d duplicate checks)", n, checks)
+	}
+}
+
+func TestFingerprintMismatch(t *testing.T) {
+	t.Parallel()
+	st := openStore(t, dbName(t), nil)
+	ctx := context.Background()
+	fn := func(context.Context) (int, error) { return 1, nil }
+	if _, err := idempotency.Do(ctx, st, "k", fn, &idemOpts{Fingerprint: "sha:aaa"}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := idempotency.Do(ctx, st, "k", func(context.Context) (int, error) {
+		t.Error("fn ran for a mismatching request")
+		return 2, nil
+	}, &idemOpts{Fingerprint: "sha:bbb"})
+	var me *idempotency.MismatchError
+	if !errors.Is(err, idempotency.ErrMismatch) || !errors.As(err, &me) || me.Stored != "sha:aaa" || me.Given != "sha:bbb" {
+		t.Fatalf("different fingerprint: %v", err)
+	}
+	for _, fp := range []string{"sha:aaa", ""} {
+		if v, err := idempotency.Do(ctx, st, "k", fn, &idemOpts{Fingerprint: fp}); v != 1 || err != nil {
+			t.Fatalf("fingerprint %q: %v, %v", fp, v, err)
+		}
+	}
+	if _, _, err := idempotency.Result[int](ctx, st, "k", &idemOpts{Fingerprint: "sha:ccc"}); !errors.Is(err, idempotency.ErrMismatch) {
+		t.Fatalf("Result with another fingerprint: %v", err)
+	}
+
+	// In progress with another fingerprint: a mismatch, not a wait.
+	if _, _, err := st.Idempotency().Claim(ctx, "k2", "someone", time.Minute, "fp-x"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := idempotency.Do(ctx, st, "k2", fn, &idemOpts{Fingerprint: "fp-y"}); !errors.Is(err, idempotency.ErrMismatch) {
+		t.Fatalf("in progress, other fingerprint: %v", err)
+	}
+	if _, err := idempotency.Do(ctx, st, "k2", fn, &idemOpts{Fingerprint: "fp-x", NoWait: true}); !errors.Is(err, idempotency.ErrInProgress) {
+		t.Fatalf("in progress, same fingerprint: %v", err)
+	}
+}
+
+func TestCancelWhileWaiting(t *testing.T) {
+	t.Parallel()
+	st := openStore(t, dbName(t), nil)
+	if _, _, err := st.Idempotency().Claim(context.Background(), "k", "busy", time.Minute, ""); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		// Polls far apart: the wait must end with ctx, not with a poll.
+		_, err := idempotency.Do(ctx, st, "k", func(context.Context) (int, error) {
+			t.Error("fn ran while another claim was live")
+			return 0, nil
+		}, &idemOpts{PollMin: time.Minute, PollMax: time.Minute})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != context.DeadlineExceeded || err != ctx.Err() {
+			t.Fatalf("Do = %v, want ctx.Err() unchanged", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Do kept waiting after ctx ended")
+	}
+}
+
+// An operator deletes the claim while fn runs: the next renewal finds it
+// gone, fn's ctx is cancelled with ErrLeaseLost and the result is not
+// stored.
+func TestLostClaimCancelsFn(t *testing.T) {
+	t.Parallel()
+	st := openStore(t, dbName(t), nil)
+	ctx := context.Background()
+	started := make(chan struct{})
+	var cause error
+	done := make(chan error, 1)
+	go func() {
+		_, err := idempotency.Do(ctx, st, "k", func(ctx context.Context) (int, error) {
+			close(started)
+			select {
+			case <-ctx.Done():
+				cause = context.Cause(ctx)
+				return 0, ctx.Err()
+			case <-time.After(5 * time.Second):
+				return 1, nil
+			}
+		}, &idemOpts{Lease: 60 * time.Millisecond})
+		done <- err
+	}()
+	<-started
+	if ok, err := st.Idempotency().Delete(ctx, "k"); !ok || err != nil {
+		t.Fatalf("delete: %v %v", ok, err)
+	}
+	err := <-done
+	if !errors.Is(err, idempotency.ErrLeaseLost) || !errors.Is(cause, idempotency.ErrLeaseLost) {
+		t.Fatalf("Do = %v, fn's cause = %v", err, cause)
+	}
+	if _, found, _ := st.Idempotency().Get(ctx, "k"); found {
+		t.Fatal("a lost claim's outcome was stored")
+	}
+}
+
+// Renewals that keep failing: fn's ctx is cancelled before the lease can
+// have lapsed in the store.
+func TestRenewalFailureCancelsFn(t *testing.T) {
+	t.Parallel()
+	f := &flaky{Store: memory.NewDriver(&memory.Options{Name: dbName(t), Prefix: "p:"})}
+	st := openDriver(t, f, nil)
+	var cause error
+	_, err := idempotency.Do(context.Background(), st, "k", func(ctx context.Context) (int, error) {
+		f.down.Store(true)
+		select {
+		case <-ctx.Done():
+			cause = context.Cause(ctx)
+			return 0, ctx.Err()
+		case <-time.After(5 * time.Second):
+			return 1, nil
+		}
+	}, &idemOpts{Lease: 60 * time.Millisecond})
+	if !errors.Is(err, idempotency.ErrLeaseLost) || !errors.Is(cause, errDown) || !errors.Is(cause, idempotency.ErrLeaseLost) {
+		t.Fatalf("Do = %v, cause = %v", err, cause)
+	}
+	f.down.Store(false)
+}
+
+// Transient renewal errors are retried: failed renewals do not lose the
+// claim if one succeeds before the lease runs out.
+func TestTransientRenewalErrorIsRetried(t *testing.T) {
+	t.Parallel()
+	f := &flaky{Store: memory.NewDriver(&memory.Options{Name: dbName(t), Prefix: "p:"})}
+	ops := newOpCounter()
+	st := openDriver(t, f, ops)
+	const lease = 150 * time.Millisecond
+	v, err := idempotency.Do(context.Background(), st, "k", func(ctx context.Context) (int, error) {
+		f.failures.Store(2)
+		eventually(t, "two renewals fail and one succeeds", func() bool {
+			return f.failures.Load() < 0 && ops.get("idempotency.extend") >= 3
+		})
+		time.Sleep(lease) // past the first lease: only the retried renewal keeps it
+		return 5, context.Cause(ctx)
+	}, &idemOpts{Lease: lease})
+	if v != 5 || err != nil {
+		t.Fatalf("Do = %v, %v", v, err)
+	}
+}
+
+func TestPanicGivesTheKeyBack(t *testing.T) {
+	t.Parallel()
+	st := openStore(t, dbName(t), nil)
+	ctx := context.Background()
+	func() {
+		defer func() {
+			if r := recover(); r != "kaboom" {
+				t.Errorf("recovered %v", r)
+			}
+		}()
+		_, _ = idempotency.Do(ctx, st, "k", func(context.Context) (int, error) { panic("kaboom") }, nil)
+	}()
+	if _, found, _ := st.Idempotency().Get(ctx, "k"); found {
+		t.Fatal("a panicking call kept the key")
+	}
+	if v, err := idempotency.Do(ctx, st, "k", func(context.Context) (int, error) { return 3, nil }, nil); v != 3 || err != nil {
+		t.Fatalf("retry: %v %v", v, err)
+	}
+}
+
+func TestValidation(t *testing.T) {
+	t.Parallel()
+	st := openStore(t, dbName(t), nil)
+	ctx := context.Background()
+	fn := func(context.Context) (int, error) { t.Error("fn ran"); return 0, nil }
+	for _, o := range []idemOpts{
+		{Lease: -time.Second},
+		{Lease: time.Microsecond},
+		{Retain: -1},
+		{PollMin: time.Second, PollMax: time.Millisecond},
+	} {
+		if _, err := idempotency.Do(ctx, st, "k", fn, &o); !errors.Is(err, warden.ErrInvalidArgument) {
+			t.Errorf("options %+v: %v", o, err)
+		}
+	}
+	if _, err := idempotency.Do(ctx, st, "", fn, nil); !errors.Is(err, warden.ErrInvalidKey) {
+		t.Errorf("empty key: %v", err)
+	}
+	if _, err := idempotency.Do(ctx, st, "k", fn, &idemOpts{Fingerprint: strings.Repeat("f", 600)}); !errors.Is(err, warden.ErrInvalidArgument) {
+		t.Errorf("long fingerprint: %v", err)
+	}
+	if _, err := idempotency.Do(ctx, st, "k", fn, &idemOpts{Owner: strings.Repeat("o", 600)}); !errors.Is(err, warden.ErrInvalidKey) {
+		t.Errorf("long owner: %v", err)
+	}
+	if _, err := idempotency.Do[int](ctx, st, "k", nil, nil); !errors.Is(err, warden.ErrInvalidArgument) {
+		t.Errorf("nil fn: %v", err)
+	}
+	if _, err := idempotency.Do(ctx, nil, "k", fn, nil); !errors.Is(err, warden.ErrInvalidArgument) {
+		t.Errorf("nil store: %v", err)
+	}
+	// PollMin alone above the default PollMax raises PollMax with it.
+	if _, err := idempotency.Do(ctx, st, "ok", func(context.Context) (int, error) { return 1, nil }, &idemOpts{PollMin: 2 * time.Second}); err != nil {
+		t.Errorf("PollMin only: %v", err)
+	}
+}
+
+// textCodec stores strings as raw bytes: not JSON.
+type textCodec struct{}
+
+func (textCodec) Marshal(v any) ([]byte, error) { return []byte("<" + *v.(*string) + ">"), nil }
+func (textCodec) Unmarshal(b []byte, v any) error {
+	s := string(b)
+	if !strings.HasPrefix(s, "<") || !strings.HasSuffix(s, ">") {
+		return errors.New("not a text value")
+	}
+	*v.(*string) = s[1 : len(s)-1]
+	return nil
+}
+
+// ptrCodec adapts textCodec to values passed by value.
+type ptrCodec struct{}
+
+func (ptrCodec) Marshal(v any) ([]byte, error) {
+	s := v.(string)
+	return textCodec{}.Marshal(&s)
+}
+func (ptrCodec) Unmarshal(b []byte, v any) error { return textCodec{}.Unmarshal(b, v) }
+
+func TestCodecsAndBareRecords(t *testing.T) {
+	t.Parallel()
+	st := openStore(t, dbName(t), nil)
+	ctx := context.Background()
+	opts := &idemOpts{Codec: ptrCodec{}}
+	if v, err := idempotency.Do(ctx, st, "k", func(context.Context) (string, error) { return "héllo \"x\"", nil }, opts); err != nil || v != "héllo \"x\"" {
+		t.Fatalf("first: %q %v", v, err)
+	}
+	v, err := idempotency.Do(ctx, st, "k", func(context.Context) (string, error) { return "other", nil }, opts)
+	if err != nil || v != "héllo \"x\"" {
+		t.Fatalf("duplicate with a custom codec: %q %v", v, err)
+	}
+
+	// A bare value written by an operator (or go-go-scope) is read as such.
+	if err := st.Idempotency().Set(ctx, "bare", []byte(`{"id":"r-9","amount":5}`), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	r, err := idempotency.Do(ctx, st, "bare", func(context.Context) (receipt, error) {
+		t.Error("fn ran for a stored bare value")
+		return receipt{}, nil
+	}, nil)
+	if err != nil || r != (receipt{ID: "r-9", Amount: 5}) {
+		t.Fatalf("bare value: %+v %v", r, err)
+	}
+	// An undecodable record is an error, never a zero-value success.
+	if err := st.Idempotency().Set(ctx, "junk", []byte("not json"), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := idempotency.Do(ctx, st, "junk", func(context.Context) (receipt, error) { return receipt{}, nil }, nil); err == nil {
+		t.Fatal("an undecodable record decoded as a success")
+	}
+	if _, found, err := idempotency.Result[receipt](ctx, st, "absent", nil); found || err != nil {
+		t.Fatalf("Result(absent) found=%v err=%v", found, err)
+	}
+}
+
+// A result the store cannot hold: fn's value comes back with the error,
+// and the key is given back.
+func TestResultTooLarge(t *testing.T) {
+	t.Parallel()
+	st := openDriver(t, memory.NewDriver(&memory.Options{MaxValueBytes: 64}), nil)
+	ctx := context.Background()
+	big := strings.Repeat("x", 100)
+	v, err := idempotency.Do(ctx, st, "k", func(context.Context) (string, error) { return big, nil }, nil)
+	if v != big || !errors.Is(err, warden.ErrValueTooLarge) {
+		t.Fatalf("Do = %d bytes, %v", len(v), err)
+	}
+	if _, found, _ := st.Idempotency().Get(ctx, "k"); found {
+		t.Fatal("the key was not given back")
+	}
+}
+
+// No goroutine outlives Do, whatever way it ends.
+func TestNoGoroutineLeaks(t *testing.T) {
+	base := runtime.NumGoroutine()
+	st := openStore(t, dbName(t), nil)
+	ctx := context.Background()
+	opts := &idemOpts{Lease: 30 * time.Millisecond, PollMin: time.Millisecond, PollMax: 5 * time.Millisecond}
+	_, _ = idempotency.Do(ctx, st, "ok", func(context.Context) (int, error) { return 1, nil }, opts)
+	_, _ = idempotency.Do(ctx, st, "ok", func(context.Context) (int, error) { return 1, nil }, opts)
+	_, _ = idempotency.Do(ctx, st, "err", func(context.Context) (int, error) { return 0, errBoom }, opts)
+	func() {
+		defer func() { _ = recover() }()
+		_, _ = idempotency.Do(ctx, st, "panic", func(context.Context) (int, error) { panic("x") }, opts)
+	}()
+	_, _ = idempotency.Do(ctx, st, "slow", func(context.Context) (int, error) { time.Sleep(100 * time.Millisecond); return 1, nil }, opts)
+	_, _, _ = st.Idempotency().Claim(ctx, "busy", "other", time.Minute, "")
+	cctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	_, _ = idempotency.Do(cctx, st, "busy", func(context.Context) (int, error) { return 1, nil }, opts)
+	cancel()
+	_, _ = idempotency.Do(ctx, st, "lost", func(ctx context.Context) (int, error) {
+		_, _ = st.Idempotency().Delete(ctx, "lost")
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(5 * time.Second):
+			t.Error("the lost claim did not cancel fn")
+			return 0, nil
+		}
+	}, opts)
+	eventually(t, "the goroutines end", func() bool { return runtime.NumGoroutine() <= base })
+}
