@@ -7,6 +7,23 @@
 // lifecycle and context handling, notifications across connections, and
 // exclusion across OS processes.
 //
+// It also runs the portable packages users call — lock, breaker,
+// idempotency, cache and checkpoint — on the store (the Portable group):
+// a smoke test of each in one process; leases that end with
+// lock.ErrLeaseLost when an operator force-releases their key or when
+// their refreshes fail (no later than about their TTL after the last
+// refresh that succeeded); and, across OS processes, Lockers of several
+// processes waiting with lock.Do and Acquire on one key without ever
+// overlapping and with increasing fencing tokens, a prompt hand-off from
+// a holder in one process to a lock.Acquire waiting in another (woken by
+// the release notification on stores that have them; the measured
+// latencies are logged), exactly one run of idempotency.Do among a
+// hundred concurrent duplicates, breaker failures from four processes all
+// counted with the circuit opening exactly at its threshold and exactly
+// one probe in the fleet after the open period, one cache.GetOrLoad
+// loader among fifty callers, and a checkpoint.Run resumed from its last
+// save after its worker process was killed (SIGKILL) and its lease lapsed.
+//
 // # Running it for a store
 //
 // A store package adds one test file:
@@ -72,7 +89,8 @@
 // matter.
 //
 // Checks of optional capabilities (notifications) are skipped when the
-// store does not offer them, and the multi-process checks are skipped when
+// store does not offer them, and the multi-process checks (MultiProcess/…
+// and the Portable checks that start child processes) are skipped when
 // Harness.URL is nil.
 //
 // Lists (Locks.List, Circuits.List, Cache.Keys, Idempotency.List,

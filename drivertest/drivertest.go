@@ -53,6 +53,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("Lifecycle", s.lifecycle)
 	t.Run("Notifications", s.notifications)
 	t.Run("MultiProcess", s.multiProcess)
+	t.Run("Portable", s.portable)
 }
 
 // suite carries the harness through the checks.

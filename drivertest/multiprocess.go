@@ -41,7 +41,7 @@ func Main(m *testing.M) {
 
 // childConfig tells a child process what to do.
 type childConfig struct {
-	Role       string // "locks", "circuits" or "idempotency"
+	Role       string // "locks", "circuits", "idempotency" or a role of portableRoles
 	URL        string // opens the store under test
 	Dir        string // shared directory: barrier, marker, tokens, results
 	ID         int
@@ -49,6 +49,12 @@ type childConfig struct {
 	Goroutines int
 	Rounds     int
 	Threshold  int
+	// The portable checks' parameters (portable_multiprocess.go).
+	TTL     time.Duration // lock TTL
+	OpenFor time.Duration // breaker open period
+	Pause   time.Duration // how long an operation or loader works
+	StopAt  int           // checkpoint: the step after which the child blocks
+	Total   int           // breaker: calls of the whole fleet in the probe round
 }
 
 // childResult is what a child reports back, in Dir/result-ID.json.
@@ -62,6 +68,8 @@ type childResult struct {
 	Keys     []int    // idempotency: the key (round) of each claim
 	Outcomes []string // idempotency: claim outcomes
 	Owners   []string // idempotency: the claimant each answer named
+	Values   []string // portable: the value each call returned
+	Rejected int      // portable: calls a breaker rejected
 }
 
 const (
@@ -122,7 +130,11 @@ func runChild(cfgJSON string) int {
 		case "idempotency":
 			childIdempotency(ctx, st, cfg, res, &mu, fail)
 		default:
-			fail("unknown role %q", cfg.Role)
+			if role := portableRoles[cfg.Role]; role != nil {
+				role(ctx, st, cfg, res, &mu, fail)
+			} else {
+				fail("unknown role %q", cfg.Role)
+			}
 		}
 	}
 	b, err := json.Marshal(res)
