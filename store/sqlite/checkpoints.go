@@ -1,0 +1,145 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/warden-go/warden/driver"
+)
+
+// checkpoints is the checkpoint driver.
+type checkpoints struct{ s *store }
+
+func (c checkpoints) scan(r rowScanner) (driver.Checkpoint, error) {
+	var (
+		task       string
+		seq, ts    int64
+		progress   float64
+		data       []byte
+		eta, token sql.NullInt64
+	)
+	if err := r.Scan(&task, &seq, &ts, &progress, &data, &eta, &token); err != nil {
+		return driver.Checkpoint{}, err
+	}
+	task = strings.TrimPrefix(task, c.s.cfg.prefix)
+	return driver.Checkpoint{
+		ID:       driver.CheckpointID(task, seq),
+		TaskID:   task,
+		Sequence: seq,
+		Time:     msTime(ts),
+		Progress: progress,
+		Data:     nonNil(data),
+		ETA:      time.Duration(eta.Int64) * time.Millisecond,
+		Token:    token.Int64,
+	}, nil
+}
+
+// Save implements driver.Checkpoints in one INSERT … SELECT that computes
+// the next sequence and checks the fencing token under SQLite's write lock.
+func (c checkpoints) Save(ctx context.Context, in driver.CheckpointInput) (driver.Checkpoint, bool, error) {
+	s := c.s
+	var cp driver.Checkpoint
+	var ok bool
+	var eta any
+	if in.ETA > 0 {
+		eta = driver.Millis(in.ETA)
+	}
+	err := s.write(ctx, func() error {
+		r, err := c.scan(s.queryRow(ctx, nil, s.q.cpSave,
+			sql.Named("task", s.cfg.prefix+in.TaskID), sql.Named("now", nowMs()), sql.Named("progress", in.Progress),
+			sql.Named("data", nonNil(in.Data)), sql.Named("eta", eta), sql.Named("token", in.Token)))
+		switch {
+		case err == nil:
+			cp, ok = r, true
+		case errors.Is(err, sql.ErrNoRows):
+		default:
+			return err
+		}
+		return nil
+	})
+	return cp, ok, err
+}
+
+// Load implements driver.Checkpoints.
+func (c checkpoints) Load(ctx context.Context, id string) (driver.Checkpoint, bool, error) {
+	task, seq, ok := driver.ParseCheckpointID(id)
+	if !ok {
+		return driver.Checkpoint{}, false, nil
+	}
+	return c.one(ctx, c.s.q.cpLoad, sql.Named("task", c.s.cfg.prefix+task), sql.Named("seq", seq))
+}
+
+// Latest implements driver.Checkpoints.
+func (c checkpoints) Latest(ctx context.Context, taskID string) (driver.Checkpoint, bool, error) {
+	return c.one(ctx, c.s.q.cpLatest, sql.Named("task", c.s.cfg.prefix+taskID))
+}
+
+func (c checkpoints) one(ctx context.Context, query string, args ...any) (driver.Checkpoint, bool, error) {
+	cp, err := c.scan(c.s.readRow(ctx, query, args...))
+	if errors.Is(err, sql.ErrNoRows) {
+		return driver.Checkpoint{}, false, nil
+	}
+	if err != nil {
+		return driver.Checkpoint{}, false, ctxErr(ctx, err)
+	}
+	return cp, true, nil
+}
+
+// List implements driver.Checkpoints.
+func (c checkpoints) List(ctx context.Context, taskID string) ([]driver.Checkpoint, error) {
+	rows, err := c.s.readQuery(ctx, c.s.q.cpList, sql.Named("task", c.s.cfg.prefix+taskID))
+	if err != nil {
+		return nil, ctxErr(ctx, err)
+	}
+	defer rows.Close()
+	var out []driver.Checkpoint
+	for rows.Next() {
+		cp, err := c.scan(rows)
+		if err != nil {
+			return nil, ctxErr(ctx, err)
+		}
+		out = append(out, cp)
+	}
+	return out, ctxErr(ctx, rows.Err())
+}
+
+// Cleanup implements driver.Checkpoints in one DELETE.
+func (c checkpoints) Cleanup(ctx context.Context, taskID string, keep int) (int64, error) {
+	return c.s.execCount(ctx, c.s.q.cpCleanup, func(int64) []any {
+		return []any{sql.Named("task", c.s.cfg.prefix+taskID), sql.Named("keep", int64(keep))}
+	})
+}
+
+// DeleteAll implements driver.Checkpoints.
+func (c checkpoints) DeleteAll(ctx context.Context, taskID string) (int64, error) {
+	return c.s.execCount(ctx, c.s.q.cpDeleteAll, func(int64) []any {
+		return []any{sql.Named("task", c.s.cfg.prefix+taskID)}
+	})
+}
+
+// Tasks implements driver.Checkpoints.
+func (c checkpoints) Tasks(ctx context.Context, pattern driver.Pattern) ([]string, error) {
+	s := c.s
+	cond, args := s.nsRange("task_id", s.cfg.prefix+pattern.Prefix())
+	args = append(args, pattern.SQLiteGlob(s.cfg.prefix))
+	rows, err := s.readQuery(ctx, fmt.Sprintf(s.q.cpTasks, cond), args...)
+	if err != nil {
+		return nil, ctxErr(ctx, err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var t string
+		if err := rows.Scan(&t); err != nil {
+			return nil, ctxErr(ctx, err)
+		}
+		if id, ok := strings.CutPrefix(t, s.cfg.prefix); ok && pattern.Match(id) {
+			out = append(out, id)
+		}
+	}
+	return out, ctxErr(ctx, rows.Err())
+}
