@@ -50,6 +50,6 @@
 // across processes: triggers append lock and circuit changes to an events
 // table in the same statement that makes them, and one watcher goroutine per
 // store polls PRAGMA data_version every [Options.PollInterval] and fans new
-// events out to the watchers of its namespace. See LAYOUT.md for the tables,
+// events out to the watchers of its namespace. See docs/backends.md in the repository for the tables,
 // columns, indexes and triggers.
 package sqlite
