@@ -66,7 +66,7 @@ func TestOpenURL(t *testing.T) {
 	}
 
 	bad := []string{
-		"memory://x?prefix=a&colour=blue",
+		"memory://x?prefix=a:&colour=blue",
 		"memory://?max_value_bytes=lots",
 		"memory://?max_value_bytes=-1",
 		"memory:x",
