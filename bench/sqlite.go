@@ -1,0 +1,170 @@
+package bench
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net/url"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/warden-go/warden"
+	"github.com/warden-go/warden/lock"
+	_ "github.com/warden-go/warden/store/memory" // registers memory://
+	_ "github.com/warden-go/warden/store/sqlite" // registers sqlite://
+	_ "modernc.org/sqlite"                       // the raw baseline's driver
+)
+
+// Case is one benchmark of the report.
+type Case struct {
+	Group string // rows of one group are compared with the group's baseline
+	Name  string
+	// Baseline marks the raw database primitive the group is compared to.
+	Baseline bool
+	Run      func(b *testing.B)
+}
+
+// Cases returns the benchmarks, grouped.
+func Cases() []Case {
+	return []Case{
+		{Group: "sqlite lock cycle", Name: "raw upsert + delete (modernc.org/sqlite)", Baseline: true, Run: rawSQLiteCycle},
+		{Group: "sqlite lock cycle", Name: "warden primitives Acquire + Release", Run: func(b *testing.B) { primitiveCycle(b, sqliteURL(b)) }},
+		{Group: "sqlite lock cycle", Name: "lock.Locker TryAcquire + Release", Run: func(b *testing.B) { lockerCycle(b, sqliteURL(b)) }},
+		{Group: "memory lock cycle", Name: "warden primitives Acquire + Release", Baseline: true, Run: func(b *testing.B) { primitiveCycle(b, "memory://") }},
+		{Group: "memory lock cycle", Name: "lock.Locker TryAcquire + Release", Run: func(b *testing.B) { lockerCycle(b, "memory://") }},
+		{Group: "sqlite cache get", Name: "raw SELECT (modernc.org/sqlite)", Baseline: true, Run: rawSQLiteGet},
+		{Group: "sqlite cache get", Name: "warden Cache().Get", Run: cacheGet},
+	}
+}
+
+func sqliteURL(b *testing.B) string {
+	return "sqlite://" + filepath.Join(b.TempDir(), "bench.db")
+}
+
+func open(b *testing.B, u string) *warden.Store {
+	b.Helper()
+	st, err := warden.Open(context.Background(), u)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { st.Close() })
+	return st
+}
+
+// primitiveCycle: one uncontended acquire and release through the checked
+// store primitives (one statement each on SQLite).
+func primitiveCycle(b *testing.B, u string) {
+	ctx := context.Background()
+	l := open(b, u).Locks()
+	for b.Loop() {
+		rec, ok, err := l.Acquire(ctx, "bench", "owner", time.Minute)
+		if err != nil || !ok {
+			b.Fatal(ok, err)
+		}
+		if ok, err := l.Release(ctx, "bench", "owner", rec.Token); err != nil || !ok {
+			b.Fatal(ok, err)
+		}
+	}
+}
+
+// lockerCycle: the portable lock, with its lease bookkeeping and refresh
+// scheduling.
+func lockerCycle(b *testing.B, u string) {
+	ctx := context.Background()
+	lk := lock.New(open(b, u), &lock.Options{TTL: time.Minute})
+	b.Cleanup(func() { lk.Close() })
+	for b.Loop() {
+		lease, err := lk.TryAcquire(ctx, "bench")
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := lease.Release(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// rawDB opens the same kind of database the store uses (WAL, busy
+// timeout, immediate transactions) for the baselines.
+func rawDB(b *testing.B) *sql.DB {
+	b.Helper()
+	path := filepath.Join(b.TempDir(), "raw.db")
+	dsn := "file:" + url.PathEscape(path) + "?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_txlock=immediate"
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { db.Close() })
+	if _, err := db.Exec(`CREATE TABLE IF NOT EXISTS locks (key TEXT PRIMARY KEY, owner TEXT NOT NULL, expires_at INTEGER NOT NULL);
+		CREATE TABLE IF NOT EXISTS cache (key TEXT PRIMARY KEY, value BLOB, expires_at INTEGER)`); err != nil {
+		b.Fatal(err)
+	}
+	return db
+}
+
+// rawSQLiteCycle: the least a SQLite lock can do — a conditional upsert
+// that takes a free or expired key, then an owner-checked delete.
+func rawSQLiteCycle(b *testing.B) {
+	db := rawDB(b)
+	acquire, err := db.Prepare(`INSERT INTO locks (key, owner, expires_at) VALUES (?1, ?2, ?3)
+		ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at
+		WHERE locks.expires_at <= ?4`)
+	if err != nil {
+		b.Fatal(err)
+	}
+	release, err := db.Prepare(`DELETE FROM locks WHERE key = ?1 AND owner = ?2`)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		now := time.Now().UnixMilli()
+		res, err := acquire.Exec("bench", "owner", now+60000, now)
+		if n, _ := rowsAffected(res, err); n != 1 {
+			b.Fatal("raw acquire failed", err)
+		}
+		res, err = release.Exec("bench", "owner")
+		if n, _ := rowsAffected(res, err); n != 1 {
+			b.Fatal("raw release failed", err)
+		}
+	}
+}
+
+func rowsAffected(res sql.Result, err error) (int64, error) {
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// rawSQLiteGet: a primary-key read with an expiry check.
+func rawSQLiteGet(b *testing.B) {
+	db := rawDB(b)
+	if _, err := db.Exec(`INSERT OR REPLACE INTO cache VALUES ('cache:bench', x'76616c7565', NULL)`); err != nil {
+		b.Fatal(err)
+	}
+	get, err := db.Prepare(`SELECT value FROM cache WHERE key = ?1 AND (expires_at IS NULL OR expires_at > ?2)`)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		var v []byte
+		if err := get.QueryRow("cache:bench", time.Now().UnixMilli()).Scan(&v); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// cacheGet: a hit through the store's checked cache primitive.
+func cacheGet(b *testing.B) {
+	ctx := context.Background()
+	c := open(b, sqliteURL(b)).Cache()
+	if err := c.Set(ctx, "bench", []byte("value"), 0); err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if _, ok, err := c.Get(ctx, "bench"); err != nil || !ok {
+			b.Fatal(fmt.Sprint(ok), err)
+		}
+	}
+}
