@@ -1,0 +1,433 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"os"
+	"os/signal"
+	"strings"
+	"time"
+
+	"github.com/warden-go/warden"
+	_ "github.com/warden-go/warden/store/memory" // registers memory://
+	_ "github.com/warden-go/warden/store/sqlite" // registers sqlite://
+)
+
+// defaultStore is the store used without --store and WARDEN_STORE: the
+// embedded SQLite file warden.db in the working directory.
+const defaultStore = "sqlite://warden.db"
+
+// defaultTimeout bounds each command's store work without --timeout.
+const defaultTimeout = 10 * time.Second
+
+// globals are the flags every command accepts.
+type globals struct {
+	store   string        // --store, WARDEN_STORE
+	output  string        // -o, --output: "table" or "json"
+	timeout time.Duration // --timeout
+}
+
+// cli is one invocation of warden: its streams, environment and global
+// flags.
+type cli struct {
+	stdin  io.Reader
+	stdout io.Writer
+	stderr io.Writer
+	env    []string
+	// sigs receives the signals warden reacts to (SIGINT, SIGTERM,
+	// SIGHUP): they interrupt a command, or are forwarded to the child of
+	// `lock run`. One reader at a time.
+	sigs <-chan os.Signal
+	g    globals
+}
+
+// run is warden's entry point: it runs the command in args and returns the
+// process's exit code. main calls it with the process's streams; tests call
+// it in-process. Cancelling ctx interrupts the command like SIGINT does.
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, env []string) int {
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, forwardedSignals...)
+	defer signal.Stop(sigs)
+
+	c := &cli{stdin: stdin, stdout: stdout, stderr: stderr, env: env, sigs: sigs}
+	c.g = globals{store: c.getenv("WARDEN_STORE"), output: "table", timeout: defaultTimeout}
+	if c.g.store == "" {
+		c.g.store = defaultStore
+	}
+	err := c.dispatch(ctx, args)
+	if err == nil {
+		return exitOK
+	}
+	code := exitCode(err)
+	if msg := c.message(err); msg != "" {
+		fmt.Fprintln(c.stderr, msg)
+	}
+	return code
+}
+
+// getenv looks name up in the environment run was given.
+func (c *cli) getenv(name string) string {
+	for i := len(c.env) - 1; i >= 0; i-- {
+		if v, ok := strings.CutPrefix(c.env[i], name+"="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// dispatch finds the command named by args and runs it.
+func (c *cli) dispatch(ctx context.Context, args []string) error {
+	fs := c.flagSet("warden")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return c.printHelp(nil)
+		}
+		return usagef(nil, "%s", flagErrText(err))
+	}
+	if err := c.checkGlobals(nil); err != nil {
+		return err
+	}
+	rest := fs.Args()
+	if len(rest) == 0 {
+		c.printMainHelp(c.stderr)
+		return &exitError{code: exitUsage}
+	}
+	switch rest[0] {
+	case "help":
+		return c.help(rest[1:])
+	case "completion":
+		return c.completion(rest[1:])
+	}
+	cmd, tail, err := lookup(rest)
+	var hr *helpRequest
+	if errors.As(err, &hr) {
+		c.printGroupHelp(hr.path)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return c.runCommand(ctx, cmd, tail)
+}
+
+// lookup finds the command named by the first words of args and returns
+// it with the remaining arguments. A group name followed by a help flag
+// returns a *helpRequest; a group name alone is a usage error.
+func lookup(args []string) (*command, []string, error) {
+	if cmd := findCommand(args[0]); cmd != nil {
+		return cmd, args[1:], nil
+	}
+	if !isGroup(args[0]) {
+		return nil, nil, usagef(nil, "unknown command %q (see 'warden --help')", args[0])
+	}
+	group := args[0]
+	if len(args) == 1 {
+		return nil, nil, usagef(nil, "%s: missing subcommand: %s (see 'warden %s --help')", group, strings.Join(subcommands(group), ", "), group)
+	}
+	if isHelpFlag(args[1]) {
+		return nil, nil, &helpRequest{path: group}
+	}
+	cmd := findCommand(group + " " + args[1])
+	if cmd == nil {
+		return nil, nil, usagef(nil, "%s: unknown subcommand %q: %s (see 'warden %s --help')", group, args[1], strings.Join(subcommands(group), ", "), group)
+	}
+	return cmd, args[2:], nil
+}
+
+func isHelpFlag(s string) bool { return s == "-h" || s == "-help" || s == "--help" }
+
+// runCommand parses a command's flags and arguments and runs it.
+func (c *cli) runCommand(ctx context.Context, cmd *command, args []string) error {
+	fs := c.flagSet(cmd.path)
+	var exec runFunc
+	if cmd.setup != nil {
+		exec = cmd.setup(fs)
+	}
+	pos, err := parseArgs(fs, args, cmd.tail)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return c.printHelp(cmd)
+		}
+		return usagef(cmd, "%s", flagErrText(err))
+	}
+	if err := c.checkGlobals(cmd); err != nil {
+		return err
+	}
+	if len(pos) < cmd.minArgs() {
+		return usagef(cmd, "missing %s", cmd.argNames(len(pos)))
+	}
+	if cmd.maxArgs >= 0 && len(pos) > cmd.maxArgs {
+		return usagef(cmd, "unexpected argument %q", pos[cmd.maxArgs])
+	}
+	return exec(ctx, c, pos)
+}
+
+// flagSet returns a flag set with the global flags registered, bound to
+// c.g so that they may come before or after the command.
+func (c *cli) flagSet(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	fs.StringVar(&c.g.store, "store", c.g.store, "")
+	fs.StringVar(&c.g.output, "o", c.g.output, "")
+	fs.StringVar(&c.g.output, "output", c.g.output, "")
+	fs.DurationVar(&c.g.timeout, "timeout", c.g.timeout, "")
+	return fs
+}
+
+// checkGlobals validates the global flags.
+func (c *cli) checkGlobals(cmd *command) error {
+	switch {
+	case c.g.output != "table" && c.g.output != "json":
+		return usagef(cmd, "-o %q: want table or json", c.g.output)
+	case c.g.timeout <= 0:
+		return usagef(cmd, "--timeout %v: want a positive duration such as 10s", c.g.timeout)
+	case c.g.store == "":
+		return usagef(cmd, "--store is empty")
+	}
+	return nil
+}
+
+// parseArgs parses flags and positional arguments in any order. Everything
+// after a "--" is positional. With tail, the positional arguments after the
+// first are taken as they are, flags included (the command of `lock run`).
+func parseArgs(fs *flag.FlagSet, args []string, tail bool) ([]string, error) {
+	var after []string
+	dash := false
+	for i, a := range args {
+		if a == "--" {
+			after, args, dash = args[i+1:], args[:i], true
+			break
+		}
+	}
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			break
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+		if tail && !dash {
+			// lock run KEY CMD ARGS…: flags may come between KEY and CMD;
+			// from CMD on, everything is the command's.
+			if err := fs.Parse(args); err != nil {
+				return nil, err
+			}
+			return append(pos, fs.Args()...), nil
+		}
+	}
+	return append(pos, after...), nil
+}
+
+// flagErrText turns the flag package's errors into warden's wording.
+func flagErrText(err error) string {
+	s := err.Error()
+	if name, ok := strings.CutPrefix(s, "flag provided but not defined: "); ok {
+		return "unknown flag " + name
+	}
+	return s
+}
+
+// openStore opens the store named by --store, bounded by ctx. The store's
+// own warnings (a lease lost, …) are not logged: the commands report what
+// matters in one line.
+func (c *cli) openStore(ctx context.Context) (*warden.Store, error) {
+	st, err := warden.OpenWith(ctx, c.g.store, &warden.Options{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		if c.scheme() == "sqlite" {
+			err = &sqliteOpenError{err}
+		}
+		return nil, c.ctxError(ctx, err)
+	}
+	return st, nil
+}
+
+// withStore runs f on the store within --timeout, interruptible by SIGINT
+// and SIGTERM, and closes the store afterwards.
+func (c *cli) withStore(ctx context.Context, f func(ctx context.Context, st *warden.Store) error) error {
+	ctx, cancel := c.storeContext(ctx)
+	defer cancel()
+	st, err := c.openStore(ctx)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	return c.ctxError(ctx, f(ctx, st))
+}
+
+// storeContext returns a context for store work: it ends after --timeout
+// (cause: a *timeoutError) or when a signal arrives (cause:
+// errInterrupted).
+func (c *cli) storeContext(parent context.Context) (context.Context, context.CancelFunc) {
+	ctx, stop := c.interruptible(parent)
+	tctx, cancel := context.WithTimeoutCause(ctx, c.g.timeout, &timeoutError{d: c.g.timeout, scheme: c.scheme()})
+	return tctx, func() { cancel(); stop() }
+}
+
+// interruptible returns a context cancelled with errInterrupted when a
+// signal arrives. The goroutine watching for it ends when the returned
+// function is called.
+func (c *cli) interruptible(parent context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(parent)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		select {
+		case <-c.sigs:
+			cancel(errInterrupted)
+		case <-ctx.Done():
+		case <-stop:
+		}
+	}()
+	return ctx, func() {
+		close(stop)
+		<-done
+		cancel(context.Canceled)
+	}
+}
+
+// ctxError replaces the error of an operation cut short by ctx with the
+// reason ctx ended: a *timeoutError or errInterrupted.
+func (c *cli) ctxError(ctx context.Context, err error) error {
+	if err == nil || ctx.Err() == nil {
+		return err
+	}
+	if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	cause := context.Cause(ctx)
+	var te *timeoutError
+	if errors.As(cause, &te) {
+		return te
+	}
+	if errors.Is(cause, errInterrupted) {
+		return errInterrupted
+	}
+	return err
+}
+
+// scheme returns the scheme of --store, for messages.
+func (c *cli) scheme() string {
+	if u, err := url.Parse(c.g.store); err == nil && u.Scheme != "" {
+		return strings.ToLower(u.Scheme)
+	}
+	return "store"
+}
+
+// redactedStore returns --store with its password hidden.
+func (c *cli) redactedStore() string {
+	return redactURL(c.g.store)
+}
+
+// redactURL hides a URL's password, in its user info or in a query
+// parameter whose name says it is secret; an unparseable URL is not shown.
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparseable URL)"
+	}
+	q := u.Query()
+	changed := false
+	for name, vals := range q {
+		if secretParam(name) {
+			for i := range vals {
+				vals[i] = "xxxxx"
+			}
+			changed = true
+		}
+	}
+	if changed {
+		u.RawQuery = q.Encode()
+	}
+	return u.Redacted()
+}
+
+// secretParam reports whether a URL query parameter's name says that its
+// value is a secret (password, sslpassword, secret_key, token, …).
+func secretParam(name string) bool {
+	n := strings.ToLower(name)
+	for _, s := range []string{"pass", "pwd", "secret", "token", "credential"} {
+		if strings.Contains(n, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// message is the one line printed on stderr for err, without the store
+// URL's password.
+func (c *cli) message(err error) string {
+	var e *exitError
+	if errors.As(err, &e) && e.msg == "" && e.err == nil {
+		return ""
+	}
+	msg := strings.TrimPrefix(err.Error(), "warden: ")
+	switch exitCode(err) {
+	case exitUnreachable:
+		var te *timeoutError
+		if !errors.As(err, &te) {
+			msg = "store unreachable: " + msg
+		}
+	case exitUsage:
+		var ue *usageError
+		if !errors.As(err, &ue) {
+			// A bad store URL or argument reported by the store.
+			msg += " (see 'warden --help')"
+		}
+	}
+	return "warden: " + oneLine(scrubSecrets(msg, c.g.store))
+}
+
+// oneLine joins a multi-line message into one line.
+func oneLine(s string) string {
+	s = strings.TrimSpace(s)
+	if !strings.ContainsAny(s, "\r\n") {
+		return s
+	}
+	fields := strings.FieldsFunc(s, func(r rune) bool { return r == '\n' || r == '\r' })
+	for i := range fields {
+		fields[i] = strings.TrimSpace(fields[i])
+	}
+	return strings.Join(fields, "; ")
+}
+
+// scrubSecrets removes the secrets of rawURL from s — its password and
+// the values of secret query parameters — in every form they could take in
+// a message. warden.Open's errors hide the user-info password; this also
+// guards against a store's error that would quote a secret.
+func scrubSecrets(s, rawURL string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return s
+	}
+	var secrets []string
+	if u.User != nil {
+		if pw, ok := u.User.Password(); ok {
+			secrets = append(secrets, pw)
+		}
+	}
+	for name, vals := range u.Query() {
+		if secretParam(name) {
+			secrets = append(secrets, vals...)
+		}
+	}
+	for _, secret := range secrets {
+		if secret == "" {
+			continue
+		}
+		for _, form := range []string{url.UserPassword("", secret).String()[1:], url.QueryEscape(secret), url.PathEscape(secret), secret} {
+			s = strings.ReplaceAll(s, form, "xxxxx")
+		}
+	}
+	return s
+}

@@ -1,0 +1,302 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestHelp(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"-h"}, {"help"}} {
+		r := invoke(t, "", args...)
+		want(t, r, 0)
+		for _, s := range []string{"Usage:", "Global flags", "--store URL", "-o, --output", "--timeout", "Exit codes:", "Example:", "WARDEN_STORE"} {
+			if !strings.Contains(r.stdout, s) {
+				t.Fatalf("%q: help lacks %q:\n%s", args, s, r.stdout)
+			}
+		}
+		for _, e := range exitCodes {
+			if !strings.Contains(r.stdout, "\n  "+itoa(e.code)+" ") {
+				t.Fatalf("help lacks exit code %d", e.code)
+			}
+		}
+		for _, cmd := range commands {
+			if !strings.Contains(r.stdout, "  "+cmd.path+" ") {
+				t.Fatalf("help lacks command %q", cmd.path)
+			}
+		}
+	}
+	// Every command has a help with its usage and an example, in three
+	// spellings.
+	for _, cmd := range commands {
+		words := strings.Fields(cmd.path)
+		for _, args := range [][]string{append(append([]string{}, words...), "--help"), append([]string{"help"}, words...), append(append([]string{}, words...), "-h")} {
+			r := invoke(t, "", args...)
+			want(t, r, 0)
+			if !strings.HasPrefix(r.stdout, "Usage: warden "+cmd.path) || !strings.Contains(r.stdout, "\nExample:\n  warden ") {
+				t.Fatalf("%q: help:\n%s", args, r.stdout)
+			}
+		}
+	}
+	for _, g := range groups {
+		r := invoke(t, "", g.name, "--help")
+		want(t, r, 0)
+		if !strings.Contains(r.stdout, "Subcommands:") || !strings.Contains(r.stdout, "Example:") {
+			t.Fatalf("%s --help:\n%s", g.name, r.stdout)
+		}
+		r = invoke(t, "", "help", g.name)
+		want(t, r, 0)
+	}
+	for _, args := range [][]string{{"help", "completion"}, {"completion", "--help"}} {
+		r := invoke(t, "", args...)
+		want(t, r, 0)
+		if !strings.Contains(r.stdout, "Example:") {
+			t.Fatalf("%q:\n%s", args, r.stdout)
+		}
+	}
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
+
+func TestUsageErrors(t *testing.T) {
+	url := testStores(t)[0].url
+	for _, args := range [][]string{
+		{},
+		{"bogus"},
+		{"lock"},
+		{"lock", "bogus"},
+		{"--bogus", "ping"},
+		{"ping", "--bogus"},
+		{"ping", "extra"},
+		{"-o", "yaml", "ping"},
+		{"ping", "--timeout", "0s"},
+		{"ping", "--timeout", "soon"},
+		{"lock", "show"},
+		{"lock", "show", "a", "b"},
+		{"cache", "set", "k"},
+		{"cache", "get", ""},
+		{"lock", "ls", `oops\`},
+		{"checkpoint", "prune", "t", "--keep", "x"},
+		{"completion"},
+		{"completion", "tcsh"},
+		{"help", "bogus"},
+	} {
+		r := invoke(t, "", append([]string{"--store", url}, args...)...)
+		if r.code != exitUsage {
+			t.Errorf("%q: want exit 2, got %s", args, r)
+			continue
+		}
+		if len(args) == 0 {
+			// warden alone prints its help on stderr.
+			if !strings.Contains(r.stderr, "Usage:") {
+				t.Errorf("warden alone: %s", r)
+			}
+			continue
+		}
+		oneErrorLine(t, r)
+	}
+}
+
+func TestGlobalFlagsAnywhere(t *testing.T) {
+	url := testStores(t)[0].url
+	for _, args := range [][]string{
+		{"--store", url, "-o", "json", "cache", "keys"},
+		{"cache", "keys", "--store", url, "--output=json"},
+		{"-o=json", "cache", "keys", "--store=" + url},
+	} {
+		r := invoke(t, "", args...)
+		want(t, r, 0)
+		if strings.TrimSpace(r.stdout) != "[]" {
+			t.Fatalf("%q: %s", args, r)
+		}
+	}
+	// WARDEN_STORE names the store; --store wins over it.
+	var out, errb syncBuffer
+	env := append(testEnv(), "WARDEN_STORE="+url)
+	if code := run(context.Background(), []string{"cache", "set", "from-env", "1"}, strings.NewReader(""), &out, &errb, env); code != 0 {
+		t.Fatalf("WARDEN_STORE: exit %d %s", code, errb.String())
+	}
+	r := invoke(t, "", "--store", url, "cache", "get", "from-env")
+	want(t, r, 0)
+	other := testStores(t)[0].url
+	if code := run(context.Background(), []string{"--store", other, "cache", "get", "from-env"}, strings.NewReader(""), &out, &errb, env); code != exitNotFound {
+		t.Fatalf("--store over WARDEN_STORE: exit %d", code)
+	}
+}
+
+func TestDefaultStore(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	r := invoke(t, "", "cache", "set", "k", "v")
+	want(t, r, 0)
+	if _, err := os.Stat(filepath.Join(dir, "warden.db")); err != nil {
+		t.Fatalf("default store: %v", err)
+	}
+}
+
+func TestPasswordsNeverPrinted(t *testing.T) {
+	for _, url := range []string{
+		"mysql://user:s3cret@db.example:3306/app",
+		"postgres://user:s3cret@127.0.0.1:1/db?sslmode=disable",
+		"sqlite://user:s3cret@host/file.db",
+		"memory://user:s3cret@name",
+		"sqlite:///x.db?password=s3cret&prefix=a:",
+		"mysql://user:s3cret@%zz/",
+	} {
+		for _, args := range [][]string{{"ping"}, {"--help"}, {"lock", "ls", "--help"}, {"-o", "json", "migrate"}} {
+			r := invoke(t, "", append([]string{"--store", url}, args...)...)
+			if strings.Contains(r.stdout+r.stderr, "s3cret") {
+				t.Fatalf("%s %q printed the password: %s", url, args, r)
+			}
+			if args[0] == "ping" {
+				oneErrorLine(t, r)
+				if r.code != exitUsage {
+					t.Fatalf("%s: want exit 2 for a bad or unknown store URL, got %s", url, r)
+				}
+			}
+		}
+		var out, errb syncBuffer
+		run(context.Background(), []string{"--help"}, strings.NewReader(""), &out, &errb, append(testEnv(), "WARDEN_STORE="+url))
+		if strings.Contains(out.String()+errb.String(), "s3cret") {
+			t.Fatalf("help printed WARDEN_STORE's password")
+		}
+	}
+	r := invoke(t, "", "--store", "mysql://user:s3cret@db/app", "ping")
+	if !strings.Contains(r.stderr, "registered schemes are memory, sqlite") {
+		t.Fatalf("unknown scheme: %s", r)
+	}
+}
+
+func TestScrubSecrets(t *testing.T) {
+	got := scrubSecrets("dial user:p%40ss%20w0rd@host failed for p@ss w0rd, p%40ss+w0rd, p@ss%20w0rd; token t0ken", "x://user:p%40ss%20w0rd@host/?auth_token=t0ken")
+	if strings.Contains(got, "w0rd") || strings.Contains(got, "t0ken") {
+		t.Fatalf("scrubSecrets left the password: %q", got)
+	}
+}
+
+func TestUnreachable(t *testing.T) {
+	dir := t.TempDir()
+	notADB := filepath.Join(dir, "not-a-db")
+	if err := os.WriteFile(notADB, []byte(strings.Repeat("this is not a database ", 40)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, url := range []string{
+		"sqlite://" + filepath.Join(dir, "no-such-dir", "w.db"),
+		"sqlite://" + dir, // a directory
+		"sqlite://" + notADB,
+	} {
+		for _, format := range []string{"table", "json"} {
+			r := invoke(t, "", "--store", url, "-o", format, "--timeout", "5s", "lock", "ls")
+			want(t, r, exitUnreachable)
+			if !strings.HasPrefix(r.stderr, "warden: store unreachable: ") || r.stdout != "" {
+				t.Fatalf("%s: %s", url, r)
+			}
+		}
+	}
+}
+
+// holdWriteLock takes SQLite's write lock on the database at path (through
+// the database/sql driver the sqlite store registers) until the test ends.
+func holdWriteLock(t *testing.T, path string) {
+	t.Helper()
+	ctx := context.Background()
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.ExecContext(ctx, "BEGIN EXCLUSIVE"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		conn.ExecContext(ctx, "ROLLBACK")
+		conn.Close()
+		db.Close()
+	})
+}
+
+func TestTimeout(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "w.db")
+	url := "sqlite://" + path
+	want(t, invoke(t, "", "--store", url, "migrate"), 0)
+	holdWriteLock(t, path)
+	start := time.Now()
+	r := invoke(t, "", "--store", url, "--timeout", "300ms", "cache", "set", "k", "v")
+	took := time.Since(start)
+	want(t, r, exitUnreachable)
+	if !strings.Contains(r.stderr, "no answer from the sqlite store within 300ms (--timeout)") {
+		t.Fatalf("timeout message: %s", r)
+	}
+	// SQLite's own busy timeout is 5s: the command must not wait for it.
+	if took > 3*time.Second {
+		t.Fatalf("--timeout 300ms took %v", took)
+	}
+}
+
+func TestCompletion(t *testing.T) {
+	for _, shell := range []string{"bash", "zsh", "fish"} {
+		r := invoke(t, "", "completion", shell)
+		want(t, r, 0)
+		for _, s := range []string{"warden", "lock", "checkpoint", "prune", "keep", "store", "timeout"} {
+			if !strings.Contains(r.stdout, s) {
+				t.Fatalf("%s completion lacks %q", shell, s)
+			}
+		}
+		if shell == "fish" {
+			continue
+		}
+		if !strings.Contains(r.stdout, "complete -F _warden warden") {
+			t.Fatalf("%s completion does not register", shell)
+		}
+	}
+	bash, err := exec.LookPath("bash")
+	if err != nil {
+		t.Log("bash not installed: completion script not run")
+		return
+	}
+	script := invoke(t, "", "completion", "bash").stdout
+	// Complete a few command lines with the script and check the answers.
+	for _, tc := range []struct {
+		line string // words; the last is completed
+		want string
+	}{
+		{"warden lo", "lock"},
+		{"warden lock re", "release"},
+		{"warden -o json checkpoint p", "prune"},
+		{"warden checkpoint prune task --k", "--keep"},
+		{"warden lock run k --no", "--no-wait"},
+		{"warden --store x --out", "--output"},
+		{"warden -o ", "table json"},
+		{"warden completion z", "zsh"},
+	} {
+		words := strings.Fields(tc.line)
+		if strings.HasSuffix(tc.line, " ") {
+			words = append(words, "")
+		}
+		prog := script + "\nCOMP_WORDS=(" + quoteWords(words) + ")\nCOMP_CWORD=" + itoa(len(words)-1) + "\n_warden\necho \"${COMPREPLY[*]}\"\n"
+		out, err := exec.Command(bash, "-c", prog).CombinedOutput()
+		if err != nil {
+			t.Fatalf("bash: %v\n%s", err, out)
+		}
+		if got := strings.TrimSpace(string(out)); got != tc.want {
+			t.Errorf("completing %q: got %q, want %q", tc.line, got, tc.want)
+		}
+	}
+}
+
+func quoteWords(words []string) string {
+	q := make([]string, len(words))
+	for i, w := range words {
+		q[i] = "'" + strings.ReplaceAll(w, "'", `'\''`) + "'"
+	}
+	return strings.Join(q, " ")
+}
