@@ -1,7 +1,7 @@
 # warden — developer entry points. Every target works on a fresh Debian
 # machine with Go installed; testenv/ installs and starts database servers.
 
-.PHONY: test test-all vet fmt demo
+.PHONY: test test-all fmt demo bench
 
 # Runs every module's tests with -race (servers started by testenv/up.sh).
 test:
@@ -14,6 +14,10 @@ test-all:
 fmt:
 	gofmt -w $$(git ls-files '*.go')
 
-# Something real on the embedded SQLite default.
+# Two processes racing for one lock on the embedded SQLite default.
 demo:
-	go run ./examples/nightly
+	for i in 1 2; do go run ./cmd/warden lock run nightly-report -- sh -c 'echo "report, fencing token $$WARDEN_FENCING_TOKEN"; sleep 3' & done; wait
+
+# Benchmarks beside the raw database primitives, as a markdown table.
+bench:
+	cd bench && go run ./cmd/report

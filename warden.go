@@ -138,14 +138,14 @@ func OpenWith(ctx context.Context, rawURL string, opts *Options) (*Store, error)
 			ErrUnknownScheme, scheme, strings.Join(Schemes(), ", "))
 	}
 	if err := driver.ValidatePrefix(u.Query().Get("prefix")); err != nil {
-		return nil, fmt.Errorf("warden: open %s: %w", u.Redacted(), err)
+		return nil, fmt.Errorf("warden: open %s: %w", driver.RedactURL(u), err)
 	}
 	drv, err := open(ctx, u)
 	if err != nil {
 		if cerr := contextErr(ctx, err); cerr != nil {
 			return nil, cerr
 		}
-		return nil, fmt.Errorf("warden: open %s: %w", u.Redacted(), err)
+		return nil, fmt.Errorf("warden: open %s: %w", driver.RedactURL(u), err)
 	}
 	return New(drv, opts), nil
 }

@@ -201,3 +201,10 @@ func TestOpenChecksPrefix(t *testing.T) {
 	}
 	st.Close()
 }
+
+func TestOpenErrorsHideQuerySecrets(t *testing.T) {
+	_, err := warden.Open(context.Background(), "memory://db?password=s3cret&prefix=bad")
+	if err == nil || strings.Contains(err.Error(), "s3cret") {
+		t.Fatalf("Open error shows a query-parameter secret: %v", err)
+	}
+}

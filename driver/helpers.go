@@ -205,3 +205,37 @@ func ValidatePrefix(p string) error {
 
 // ErrBadPrefix is wrapped by ValidatePrefix's errors.
 var ErrBadPrefix = errors.New("invalid namespace prefix")
+
+// RedactURL renders u for messages without secrets: the password of the
+// user part (as url.URL.Redacted) and the value of every query parameter
+// whose name suggests a secret (password, passwd, pwd, secret, token,
+// credential, or a name ending in "key" such as access_key) become "xxxxx".
+func RedactURL(u *url.URL) string {
+	r := *u
+	if r.RawQuery != "" {
+		q := r.Query()
+		changed := false
+		for k := range q {
+			if SecretParam(k) {
+				q[k] = []string{"xxxxx"}
+				changed = true
+			}
+		}
+		if changed {
+			r.RawQuery = q.Encode()
+		}
+	}
+	return r.Redacted()
+}
+
+// SecretParam reports whether a URL query parameter's name says its value
+// is a secret (password, sslpassword, secret_key, token, …).
+func SecretParam(name string) bool {
+	n := strings.ToLower(name)
+	for _, s := range []string{"pass", "pwd", "secret", "token", "credential", "auth"} {
+		if strings.Contains(n, s) {
+			return true
+		}
+	}
+	return strings.HasSuffix(n, "key")
+}

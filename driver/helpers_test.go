@@ -2,6 +2,7 @@ package driver
 
 import (
 	"errors"
+	"net/url"
 	"strings"
 	"testing"
 )
@@ -33,6 +34,22 @@ func TestCheckpointID(t *testing.T) {
 	for _, id := range []string{"", "t", ":1", "t:0", "t:01", "t:-1", "t:x", "t:"} {
 		if _, _, ok := ParseCheckpointID(id); ok {
 			t.Errorf("ParseCheckpointID(%q) ok", id)
+		}
+	}
+}
+
+func TestRedactURL(t *testing.T) {
+	u, err := url.Parse("postgres://user:s3cret@host/db?sslmode=disable&password=s3cret&AWS_SECRET_ACCESS_KEY=s3cret&sslpassword=s3cret&prefix=a:")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := RedactURL(u)
+	if strings.Contains(got, "s3cret") {
+		t.Fatalf("RedactURL = %q shows a secret", got)
+	}
+	for _, keep := range []string{"user", "host/db", "sslmode=disable", "prefix=a%3A"} {
+		if !strings.Contains(got, keep) {
+			t.Errorf("RedactURL = %q lost %q", got, keep)
 		}
 	}
 }

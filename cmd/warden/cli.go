@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/warden-go/warden"
+	"github.com/warden-go/warden/driver"
 	_ "github.com/warden-go/warden/store/memory" // registers memory://
 	_ "github.com/warden-go/warden/store/sqlite" // registers sqlite://
 )
@@ -329,39 +330,14 @@ func (c *cli) redactedStore() string {
 	return redactURL(c.g.store)
 }
 
-// redactURL hides a URL's password, in its user info or in a query
-// parameter whose name says it is secret; an unparseable URL is not shown.
+// redactURL hides a URL's secrets (driver.RedactURL); an unparseable URL
+// is not shown.
 func redactURL(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return "(unparseable URL)"
 	}
-	q := u.Query()
-	changed := false
-	for name, vals := range q {
-		if secretParam(name) {
-			for i := range vals {
-				vals[i] = "xxxxx"
-			}
-			changed = true
-		}
-	}
-	if changed {
-		u.RawQuery = q.Encode()
-	}
-	return u.Redacted()
-}
-
-// secretParam reports whether a URL query parameter's name says that its
-// value is a secret (password, sslpassword, secret_key, token, …).
-func secretParam(name string) bool {
-	n := strings.ToLower(name)
-	for _, s := range []string{"pass", "pwd", "secret", "token", "credential"} {
-		if strings.Contains(n, s) {
-			return true
-		}
-	}
-	return false
+	return driver.RedactURL(u)
 }
 
 // message is the one line printed on stderr for err, without the store
@@ -417,7 +393,7 @@ func scrubSecrets(s, rawURL string) string {
 		}
 	}
 	for name, vals := range u.Query() {
-		if secretParam(name) {
+		if driver.SecretParam(name) {
 			secrets = append(secrets, vals...)
 		}
 	}
