@@ -14,6 +14,7 @@ import (
 
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/breaker"
+	"github.com/warden-go/warden/internal/testkit"
 	"github.com/warden-go/warden/store/memory"
 )
 
@@ -59,7 +60,7 @@ func TestNewValidates(t *testing.T) {
 func TestOpensAfterExactlyThresholdFailures(t *testing.T) {
 	t.Parallel()
 	const threshold, procs = 20, 4
-	db := dbName(t)
+	db := testkit.DBName(t)
 	var bs []*breaker.Breaker
 	for range procs {
 		bs = append(bs, newBreaker(t, openStore(t, db, nil), "api", &breaker.Options{Threshold: threshold, OpenFor: time.Hour}))
@@ -87,7 +88,7 @@ func TestOpensAfterExactlyThresholdFailures(t *testing.T) {
 		t.Fatalf("after %d failures: %s with %d failures, want open with %d", threshold, rec.State, rec.Failures, threshold)
 	}
 	for i, b := range bs {
-		eventually(t, fmt.Sprintf("breaker %d sees the circuit open", i), func() bool { return b.Stats().State == breaker.Open })
+		testkit.Eventually(t, 5*time.Second, fmt.Sprintf("breaker %d sees the circuit open", i), func() bool { return b.Stats().State == breaker.Open })
 		ran := false
 		err := b.Do(ctx, func(context.Context) error { ran = true; return nil })
 		var oe *breaker.OpenError
@@ -104,7 +105,7 @@ func TestOpensAfterExactlyThresholdFailures(t *testing.T) {
 // failures; no increment is lost before it opens.
 func TestConcurrentFailuresNotLost(t *testing.T) {
 	t.Parallel()
-	db := dbName(t)
+	db := testkit.DBName(t)
 	const threshold = 1000
 	var bs []*breaker.Breaker
 	for range 3 {
@@ -137,7 +138,7 @@ func openAll(t *testing.T, bs []*breaker.Breaker) {
 		t.Fatal(err)
 	}
 	for i, b := range bs {
-		eventually(t, fmt.Sprintf("breaker %d sees the circuit open", i), func() bool { return b.Stats().State == breaker.Open })
+		testkit.Eventually(t, 5*time.Second, fmt.Sprintf("breaker %d sees the circuit open", i), func() bool { return b.Stats().State == breaker.Open })
 	}
 }
 
@@ -148,7 +149,7 @@ func TestExactlyOneProbeFleetWide(t *testing.T) {
 	t.Parallel()
 	const procs, perProc = 6, 5
 	const openFor = 80 * time.Millisecond
-	db := dbName(t)
+	db := testkit.DBName(t)
 	var bs []*breaker.Breaker
 	for range procs {
 		// Every Breaker claims the same Owner: the probe slot must still go
@@ -191,7 +192,7 @@ func TestExactlyOneProbeFleetWide(t *testing.T) {
 	}
 	var probes int64
 	for i, b := range bs {
-		eventually(t, fmt.Sprintf("breaker %d sees the circuit closed", i), func() bool { return b.Stats().State == breaker.Closed })
+		testkit.Eventually(t, 5*time.Second, fmt.Sprintf("breaker %d sees the circuit closed", i), func() bool { return b.Stats().State == breaker.Closed })
 		probes += b.Stats().Probes
 		if err := b.Do(context.Background(), succeed); err != nil {
 			t.Errorf("breaker %d after closing: %v", i, err)
@@ -206,7 +207,7 @@ func TestExactlyOneProbeFleetWide(t *testing.T) {
 func TestFailedProbeReopens(t *testing.T) {
 	t.Parallel()
 	const openFor = 250 * time.Millisecond
-	db := dbName(t)
+	db := testkit.DBName(t)
 	st := openStore(t, db, nil)
 	b := newBreaker(t, st, "api", &breaker.Options{Threshold: 1, OpenFor: openFor})
 	other := newBreaker(t, openStore(t, db, nil), "api", &breaker.Options{Threshold: 1, OpenFor: openFor})
@@ -226,7 +227,7 @@ func TestFailedProbeReopens(t *testing.T) {
 		t.Fatalf("right after a failed probe: err=%v ran=%v", err, ran)
 	}
 	// The other process learns it and probes again once OpenFor passed.
-	eventually(t, "a second probe closes the circuit", func() bool {
+	testkit.Eventually(t, 5*time.Second, "a second probe closes the circuit", func() bool {
 		return other.Do(context.Background(), succeed) == nil
 	})
 	if rec := record(t, st, "api"); rec.State != breaker.Closed {
@@ -239,7 +240,7 @@ func TestFailedProbeReopens(t *testing.T) {
 func TestHalfOpenProbes(t *testing.T) {
 	t.Parallel()
 	const openFor = 50 * time.Millisecond
-	db := dbName(t)
+	db := testkit.DBName(t)
 	st := openStore(t, db, nil)
 	opts := &breaker.Options{Threshold: 1, OpenFor: openFor, HalfOpenProbes: 2, ProbeLease: time.Minute}
 	a := newBreaker(t, st, "api", opts)
@@ -253,7 +254,7 @@ func TestHalfOpenProbes(t *testing.T) {
 	if rec := record(t, st, "api"); rec.State != breaker.HalfOpen {
 		t.Fatalf("after one of two probes: %s", rec.State)
 	}
-	eventually(t, "b sees half-open", func() bool { return b.Stats().State == breaker.HalfOpen })
+	testkit.Eventually(t, 5*time.Second, "b sees half-open", func() bool { return b.Stats().State == breaker.HalfOpen })
 	err := b.Do(context.Background(), succeed)
 	var oe *breaker.OpenError
 	if !errors.As(err, &oe) || oe.State != breaker.HalfOpen {
@@ -269,7 +270,7 @@ func TestHalfOpenProbes(t *testing.T) {
 
 func TestIsFailure(t *testing.T) {
 	t.Parallel()
-	st := openStore(t, dbName(t), nil)
+	st := openStore(t, testkit.DBName(t), nil)
 	errNotFound := errors.New("not found")
 	b := newBreaker(t, st, "api", &breaker.Options{
 		Threshold: 2,
@@ -302,8 +303,8 @@ func TestIsFailure(t *testing.T) {
 
 func TestCallerCancellationIsNotAFailure(t *testing.T) {
 	t.Parallel()
-	ops := newOpCounter()
-	st := openStore(t, dbName(t), ops)
+	ops := &testkit.OpCounter{}
+	st := openStore(t, testkit.DBName(t), ops)
 	b := newBreaker(t, st, "api", &breaker.Options{Threshold: 1})
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -321,7 +322,7 @@ func TestCallerCancellationIsNotAFailure(t *testing.T) {
 		<-ctx.Done()
 		return fmt.Errorf("query: %w", ctx.Err())
 	})
-	if n := ops.get("circuit.record-failure"); n != 0 {
+	if n := ops.Get("circuit.record-failure"); n != 0 {
 		t.Fatalf("%d failures recorded for caller cancellations", n)
 	}
 	if s := b.Stats(); s.Ignored != 2 || s.CallFailures != 0 {
@@ -354,35 +355,35 @@ func TestSteadySuccessMakesNoWrites(t *testing.T) {
 	t.Parallel()
 	t.Run("notifications", func(t *testing.T) {
 		t.Parallel()
-		ops := newOpCounter()
-		b := newBreaker(t, openStore(t, dbName(t), ops), "api", nil)
+		ops := &testkit.OpCounter{}
+		b := newBreaker(t, openStore(t, testkit.DBName(t), ops), "api", nil)
 		if err := b.Do(context.Background(), succeed); err != nil {
 			t.Fatal(err)
 		}
 		// One read by the first call, one by the watcher once subscribed.
-		eventually(t, "the subscription and its read", func() bool {
-			return ops.get("circuit.watch") == 1 && ops.get("circuit.get") == 2
+		testkit.Eventually(t, 5*time.Second, "the subscription and its read", func() bool {
+			return ops.Get("circuit.watch") == 1 && ops.Get("circuit.get") == 2
 		})
-		ops.reset()
+		ops.Reset()
 		steady(t, b, ops)
 	})
 	t.Run("polling", func(t *testing.T) {
 		t.Parallel()
-		ops := newOpCounter()
-		st, _ := openFlaky(t, dbName(t), ops, nil)
+		ops := &testkit.OpCounter{}
+		st, _ := openFlaky(t, testkit.DBName(t), ops, nil)
 		b := newBreaker(t, st, "api", &breaker.Options{SyncInterval: time.Hour})
 		if err := b.Do(context.Background(), succeed); err != nil {
 			t.Fatal(err)
 		}
-		if n := ops.get("circuit.get"); n != 1 {
+		if n := ops.Get("circuit.get"); n != 1 {
 			t.Fatalf("%d reads by the first call, want 1", n)
 		}
-		ops.reset()
+		ops.Reset()
 		steady(t, b, ops)
 	})
 }
 
-func steady(t *testing.T, b *breaker.Breaker, ops *opCounter) {
+func steady(t *testing.T, b *breaker.Breaker, ops *testkit.OpCounter) {
 	t.Helper()
 	var wg sync.WaitGroup
 	for range 10 {
@@ -395,10 +396,10 @@ func steady(t *testing.T, b *breaker.Breaker, ops *opCounter) {
 		})
 	}
 	wg.Wait()
-	if n := ops.writes(); n != 0 {
+	if n := circuitWrites(ops); n != 0 {
 		t.Errorf("%d store writes on the steady success path", n)
 	}
-	if n := ops.get("circuit.get"); n != 0 {
+	if n := ops.Get("circuit.get"); n != 0 {
 		t.Errorf("%d reads for 2000 calls in the steady state", n)
 	}
 
@@ -408,7 +409,7 @@ func steady(t *testing.T, b *breaker.Breaker, ops *opCounter) {
 	for range 20 {
 		_ = b.Do(context.Background(), succeed)
 	}
-	if f, s := ops.get("circuit.record-failure"), ops.get("circuit.record-success"); f != 2 || s != 1 {
+	if f, s := ops.Get("circuit.record-failure"), ops.Get("circuit.record-success"); f != 2 || s != 1 {
 		t.Errorf("%d failure and %d success writes, want 2 and 1", f, s)
 	}
 	if st := b.Stats(); st.Failures != 0 || st.Calls != 2023 {
@@ -423,7 +424,7 @@ func TestViewFollowsOperators(t *testing.T) {
 	ctx := context.Background()
 	t.Run("polling", func(t *testing.T) {
 		t.Parallel()
-		db := dbName(t)
+		db := testkit.DBName(t)
 		st, _ := openFlaky(t, db, nil, nil)
 		b := newBreaker(t, st, "api", &breaker.Options{SyncInterval: 10 * time.Millisecond})
 		if err := b.Do(ctx, succeed); err != nil {
@@ -433,12 +434,12 @@ func TestViewFollowsOperators(t *testing.T) {
 		if _, err := op.Circuits().Set(ctx, "api", breaker.Open); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "calls are rejected", func() bool { return errors.Is(b.Do(ctx, succeed), breaker.ErrOpen) })
+		testkit.Eventually(t, 5*time.Second, "calls are rejected", func() bool { return errors.Is(b.Do(ctx, succeed), breaker.ErrOpen) })
 		// Deleting the record (its version restarts) closes the circuit.
 		if _, err := op.Circuits().Delete(ctx, "api"); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "calls run again", func() bool { return b.Do(ctx, succeed) == nil })
+		testkit.Eventually(t, 5*time.Second, "calls run again", func() bool { return b.Do(ctx, succeed) == nil })
 		for range 3 {
 			_ = b.Do(ctx, fail)
 		}
@@ -448,7 +449,7 @@ func TestViewFollowsOperators(t *testing.T) {
 	})
 	t.Run("notifications", func(t *testing.T) {
 		t.Parallel()
-		db := dbName(t)
+		db := testkit.DBName(t)
 		b := newBreaker(t, openStore(t, db, nil), "api", &breaker.Options{SyncInterval: time.Hour})
 		if err := b.Do(ctx, succeed); err != nil {
 			t.Fatal(err)
@@ -457,14 +458,14 @@ func TestViewFollowsOperators(t *testing.T) {
 		if _, err := op.Circuits().Set(ctx, "api", breaker.Open); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "the view opens", func() bool { return b.Stats().State == breaker.Open })
+		testkit.Eventually(t, 5*time.Second, "the view opens", func() bool { return b.Stats().State == breaker.Open })
 		if err := b.Do(ctx, succeed); !errors.Is(err, breaker.ErrOpen) {
 			t.Fatalf("Do = %v", err)
 		}
 		if _, err := op.Circuits().Delete(ctx, "api"); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "the view closes", func() bool { return b.Stats().State == breaker.Closed })
+		testkit.Eventually(t, 5*time.Second, "the view closes", func() bool { return b.Stats().State == breaker.Closed })
 		for range 2 {
 			_ = b.Do(ctx, fail)
 		}
@@ -477,8 +478,8 @@ func TestViewFollowsOperators(t *testing.T) {
 func TestStoreOutageFailsOpen(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := dbName(t)
-	var logs logBuffer
+	db := testkit.DBName(t)
+	var logs testkit.LogBuffer
 	st, f := openFlaky(t, db, nil, slog.New(slog.NewTextHandler(&logs, nil)))
 	const openFor = 250 * time.Millisecond
 	b := newBreaker(t, st, "api", &breaker.Options{Threshold: 3, OpenFor: openFor, SyncInterval: 20 * time.Millisecond})
@@ -509,7 +510,7 @@ func TestStoreOutageFailsOpen(t *testing.T) {
 	}
 	// After OpenFor the local view probes; a success closes it locally.
 	time.Sleep(openFor + 10*time.Millisecond)
-	eventually(t, "a local probe runs", func() bool { return b.Do(ctx, succeed) == nil })
+	testkit.Eventually(t, 5*time.Second, "a local probe runs", func() bool { return b.Do(ctx, succeed) == nil })
 	if s := b.Stats(); s.State != breaker.Closed {
 		t.Fatalf("after the local probe: %+v", s)
 	}
@@ -518,7 +519,7 @@ func TestStoreOutageFailsOpen(t *testing.T) {
 	}
 
 	f.down.Store(false)
-	eventually(t, "the store is reachable again", func() bool {
+	testkit.Eventually(t, 5*time.Second, "the store is reachable again", func() bool {
 		_ = b.Do(ctx, succeed)
 		return !b.Stats().StoreDown
 	})
@@ -533,7 +534,7 @@ func TestStoreOutageFailsOpen(t *testing.T) {
 func TestStoreOutageFailsClosed(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	st, f := openFlaky(t, dbName(t), nil, nil)
+	st, f := openFlaky(t, testkit.DBName(t), nil, nil)
 	b := newBreaker(t, st, "api", &breaker.Options{FailClosed: true, SyncInterval: 10 * time.Millisecond})
 	if err := b.Do(ctx, succeed); err != nil {
 		t.Fatal(err)
@@ -541,7 +542,7 @@ func TestStoreOutageFailsClosed(t *testing.T) {
 	f.down.Store(true)
 	var ran atomic.Int32
 	var oe *breaker.OpenError
-	eventually(t, "calls are rejected", func() bool {
+	testkit.Eventually(t, 5*time.Second, "calls are rejected", func() bool {
 		err := b.Do(ctx, func(context.Context) error { ran.Add(1); return nil })
 		return errors.As(err, &oe)
 	})
@@ -558,7 +559,7 @@ func TestStoreOutageFailsClosed(t *testing.T) {
 		t.Fatal("fn ran while failing closed")
 	}
 	f.down.Store(false)
-	eventually(t, "calls run again", func() bool { return b.Do(ctx, succeed) == nil })
+	testkit.Eventually(t, 5*time.Second, "calls run again", func() bool { return b.Do(ctx, succeed) == nil })
 }
 
 // A probe that cannot be granted because the store is down runs as a
@@ -569,7 +570,7 @@ func TestOutageWhileOpen(t *testing.T) {
 	for _, failClosed := range []bool{false, true} {
 		t.Run(fmt.Sprint("failClosed=", failClosed), func(t *testing.T) {
 			t.Parallel()
-			st, f := openFlaky(t, dbName(t), nil, nil)
+			st, f := openFlaky(t, testkit.DBName(t), nil, nil)
 			const openFor = 40 * time.Millisecond
 			b := newBreaker(t, st, "api", &breaker.Options{Threshold: 1, OpenFor: openFor, SyncInterval: time.Hour, FailClosed: failClosed})
 			_ = b.Do(ctx, fail)
@@ -598,7 +599,7 @@ func TestOnStateChange(t *testing.T) {
 	const openFor = 40 * time.Millisecond
 	var mu sync.Mutex
 	var got []string
-	b := newBreaker(t, openStore(t, dbName(t), nil), "api", &breaker.Options{
+	b := newBreaker(t, openStore(t, testkit.DBName(t), nil), "api", &breaker.Options{
 		Threshold: 2,
 		OpenFor:   openFor,
 		OnStateChange: func(name string, from, to breaker.State) {
@@ -615,7 +616,7 @@ func TestOnStateChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := "api:closed->open api:open->half-open api:half-open->closed"
-	eventually(t, "three transitions", func() bool {
+	testkit.Eventually(t, 5*time.Second, "three transitions", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(got) >= 3
@@ -631,7 +632,7 @@ func TestOnStateChange(t *testing.T) {
 
 func TestPanicIsAFailure(t *testing.T) {
 	t.Parallel()
-	st := openStore(t, dbName(t), nil)
+	st := openStore(t, testkit.DBName(t), nil)
 	b := newBreaker(t, st, "api", &breaker.Options{Threshold: 1})
 	func() {
 		defer func() {
@@ -649,7 +650,7 @@ func TestPanicIsAFailure(t *testing.T) {
 func TestStateReadsTheStore(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := dbName(t)
+	db := testkit.DBName(t)
 	st, f := openFlaky(t, db, nil, nil)
 	b := newBreaker(t, st, "api", &breaker.Options{SyncInterval: time.Hour})
 	if s, err := b.State(ctx); s != breaker.Closed || err != nil {
@@ -676,7 +677,7 @@ func TestStateReadsTheStore(t *testing.T) {
 // still work afterwards (polling).
 func TestCloseStopsGoroutines(t *testing.T) {
 	base := runtime.NumGoroutine()
-	db := dbName(t)
+	db := testkit.DBName(t)
 	var bs []*breaker.Breaker
 	for i := range 5 {
 		st := openStore(t, db, nil)
@@ -689,14 +690,14 @@ func TestCloseStopsGoroutines(t *testing.T) {
 		}
 		bs = append(bs, b)
 	}
-	eventually(t, "the subscriptions start", func() bool { return runtime.NumGoroutine() >= base+5 })
+	testkit.Eventually(t, 5*time.Second, "the subscriptions start", func() bool { return runtime.NumGoroutine() >= base+5 })
 	for _, b := range bs {
 		if err := b.Close(); err != nil {
 			t.Fatal(err)
 		}
 		_ = b.Close() // idempotent
 	}
-	eventually(t, "the goroutines end", func() bool { return runtime.NumGoroutine() <= base })
+	testkit.Eventually(t, 5*time.Second, "the goroutines end", func() bool { return runtime.NumGoroutine() <= base })
 	for _, b := range bs {
 		if err := b.Do(context.Background(), succeed); err != nil {
 			t.Fatalf("Do after Close: %v", err)
@@ -710,13 +711,13 @@ func TestCloseStopsGoroutines(t *testing.T) {
 // A store closed under a Breaker ends its subscription; calls fail open.
 func TestStoreClosed(t *testing.T) {
 	t.Parallel()
-	st := openStore(t, dbName(t), nil)
+	st := openStore(t, testkit.DBName(t), nil)
 	b := newBreaker(t, st, "api", &breaker.Options{SyncInterval: time.Millisecond})
 	if err := b.Do(context.Background(), succeed); err != nil {
 		t.Fatal(err)
 	}
 	_ = st.Close()
-	eventually(t, "the breaker notices", func() bool {
+	testkit.Eventually(t, 5*time.Second, "the breaker notices", func() bool {
 		return b.Do(context.Background(), succeed) == nil && b.Stats().StoreDown
 	})
 	if s := b.Stats(); !errors.Is(s.LastStoreError, warden.ErrClosed) {

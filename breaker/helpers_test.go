@@ -2,13 +2,10 @@ package breaker_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"io"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,71 +13,14 @@ import (
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/breaker"
 	"github.com/warden-go/warden/driver"
-	"github.com/warden-go/warden/store/memory"
+	"github.com/warden-go/warden/internal/testkit"
 )
 
-// dbName returns a fresh shared memory database name for one test.
-func dbName(t *testing.T) string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	return t.Name() + "-" + hex.EncodeToString(b[:])
-}
-
-// opCounter is a warden.Hook counting operations by name.
-type opCounter struct {
-	mu sync.Mutex
-	n  map[string]int
-}
-
-func newOpCounter() *opCounter { return &opCounter{n: map[string]int{}} }
-
-func (c *opCounter) AfterOp(_ context.Context, op warden.OpInfo) {
-	c.mu.Lock()
-	c.n[op.Op]++
-	c.mu.Unlock()
-}
-
-func (c *opCounter) get(op string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.n[op]
-}
-
-// writes counts the circuit operations that change the record.
-func (c *opCounter) writes() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n := 0
-	for op, k := range c.n {
-		if strings.HasPrefix(op, "circuit.record-") || op == "circuit.try-probe" || op == "circuit.set" {
-			n += k
-		}
-	}
-	return n
-}
-
-func (c *opCounter) reset() {
-	c.mu.Lock()
-	c.n = map[string]int{}
-	c.mu.Unlock()
-}
-
-// logBuffer collects log output safely.
-type logBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
+// circuitWrites counts the circuit operations that change the record.
+func circuitWrites(ops *testkit.OpCounter) int {
+	return ops.Sum(func(op string) bool {
+		return strings.HasPrefix(op, "circuit.record-") || op == "circuit.try-probe" || op == "circuit.set"
+	})
 }
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -89,9 +29,7 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 // process connecting to the same server.
 func openStore(t *testing.T, db string, hook warden.Hook) *warden.Store {
 	t.Helper()
-	st := warden.New(memory.NewDriver(&memory.Options{Name: db, Prefix: "p:"}), &warden.Options{Hook: hook, Logger: quiet})
-	t.Cleanup(func() { _ = st.Close() })
-	return st
+	return testkit.Open(t, testkit.MemoryDriver(db), &warden.Options{Hook: hook, Logger: quiet})
 }
 
 // newBreaker makes a Breaker closed at the end of the test.
@@ -167,22 +105,8 @@ func openFlaky(t *testing.T, db string, hook warden.Hook, logger *slog.Logger) (
 	if logger == nil {
 		logger = quiet
 	}
-	f := &flaky{Store: memory.NewDriver(&memory.Options{Name: db, Prefix: "p:"})}
-	st := warden.New(f, &warden.Options{Hook: hook, Logger: logger})
-	t.Cleanup(func() { _ = st.Close() })
-	return st, f
-}
-
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	f := &flaky{Store: testkit.MemoryDriver(db)}
+	return testkit.Open(t, f, &warden.Options{Hook: hook, Logger: logger}), f
 }
 
 // record reads the shared record through st.

@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,65 +15,26 @@ import (
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/cache"
 	"github.com/warden-go/warden/driver"
+	"github.com/warden-go/warden/internal/testkit"
 	"github.com/warden-go/warden/store/memory"
 )
 
 // TestMain fails the run if a goroutine of this package outlives the
 // tests (every test closes its caches).
 func TestMain(m *testing.M) {
-	code := m.Run()
-	if code == 0 {
-		if stacks := leaked(); stacks != "" {
-			fmt.Fprintln(os.Stderr, "leaked cache goroutines:\n"+stacks)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	testkit.MainNoLeaks(m, "leaked cache goroutines", func(g string) bool {
+		return strings.Contains(g, "warden/cache.") && !strings.Contains(g, "leaked")
+	})
 }
-
-func leaked() string {
-	deadline := time.Now().Add(2 * time.Second)
-	for {
-		buf := make([]byte, 1<<20)
-		buf = buf[:runtime.Stack(buf, true)]
-		var bad []string
-		for _, g := range strings.Split(string(buf), "\n\n") {
-			if strings.Contains(g, "warden/cache.") && !strings.Contains(g, "leaked") {
-				bad = append(bad, g)
-			}
-		}
-		if len(bad) == 0 {
-			return ""
-		}
-		if time.Now().After(deadline) {
-			return strings.Join(bad, "\n\n")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-var dbSeq atomic.Int64
 
 // quiet drops the warnings the tests provoke on purpose.
 var quiet = &warden.Options{Logger: slog.New(slog.DiscardHandler)}
-
-// newDB returns a fresh shared database name for one test.
-func newDB(t *testing.T) string {
-	return fmt.Sprintf("%s-%d", t.Name(), dbSeq.Add(1))
-}
 
 // stores opens n stores on one memory database with one prefix, like n
 // processes connected to one server.
 func stores(t *testing.T, n int) []*warden.Store {
 	t.Helper()
-	name := newDB(t)
-	out := make([]*warden.Store, n)
-	for i := range out {
-		out[i] = warden.New(memory.NewDriver(&memory.Options{Name: name, Prefix: "p:"}), quiet)
-		st := out[i]
-		t.Cleanup(func() { st.Close() })
-	}
-	return out
+	return testkit.Stores(t, n, quiet)
 }
 
 func newCache[T any](t *testing.T, st *warden.Store, opts *cache.Options) *cache.Cache[T] {
@@ -86,18 +45,6 @@ func newCache[T any](t *testing.T, st *warden.Store, opts *cache.Options) *cache
 	}
 	t.Cleanup(func() { c.Close() })
 	return c
-}
-
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
 }
 
 func TestGetSetZeroValueAndMiss(t *testing.T) {
@@ -177,7 +124,7 @@ func TestTTLExpiry(t *testing.T) {
 	if v, err := c.Get(ctx, "k"); err != nil || v != "v" {
 		t.Fatalf("Get before expiry = %q, %v", v, err)
 	}
-	eventually(t, 5*time.Second, "the entry to expire", func() bool {
+	testkit.Eventually(t, 5*time.Second, "the entry to expire", func() bool {
 		_, err := c.Get(ctx, "k")
 		return errors.Is(err, cache.ErrNotFound)
 	})
@@ -240,7 +187,7 @@ func TestGetOrLoadOneLoadPerProcess(t *testing.T) {
 		}()
 	}
 	started.Wait()
-	eventually(t, 5*time.Second, "the loader to start", func() bool { return g.calls.Load() > 0 })
+	testkit.Eventually(t, 5*time.Second, "the loader to start", func() bool { return g.calls.Load() > 0 })
 	close(g.open)
 	done.Wait()
 	close(errs)
@@ -290,10 +237,10 @@ func TestGetOrLoadOneLoadAcrossProcesses(t *testing.T) {
 		}()
 	}
 	started.Wait()
-	eventually(t, 5*time.Second, "the loader to start", func() bool { return g.calls.Load() > 0 })
+	testkit.Eventually(t, 5*time.Second, "the loader to start", func() bool { return g.calls.Load() > 0 })
 	// Let the other processes reach their waiting loops before the value
 	// appears, so that they really wait on the lease.
-	eventually(t, 5*time.Second, "every cache to miss", func() bool {
+	testkit.Eventually(t, 5*time.Second, "every cache to miss", func() bool {
 		for _, c := range caches {
 			if c.Stats().Misses == 0 {
 				return false
@@ -367,7 +314,7 @@ func TestNegativeCaching(t *testing.T) {
 			t.Fatalf("stats = %+v, want 2 negative hits, no load errors", s)
 		}
 		// After NegativeTTL the loader is asked again.
-		eventually(t, 5*time.Second, "the absence to expire", func() bool {
+		testkit.Eventually(t, 5*time.Second, "the absence to expire", func() bool {
 			_, _ = c.GetOrLoad(ctx, "k", absent)
 			return calls.Load() >= 2
 		})
@@ -385,7 +332,7 @@ func TestStaleWhileRevalidate(t *testing.T) {
 	if err := caches[0].Set(ctx, "k", "old"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "the value to go stale", func() bool {
+	testkit.Eventually(t, 5*time.Second, "the value to go stale", func() bool {
 		ok, err := caches[0].Has(ctx, "k")
 		return err == nil && !ok
 	})
@@ -416,9 +363,9 @@ func TestStaleWhileRevalidate(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, 5*time.Second, "the reload to start", func() bool { return g.calls.Load() > 0 })
+	testkit.Eventually(t, 5*time.Second, "the reload to start", func() bool { return g.calls.Load() > 0 })
 	close(g.open)
-	eventually(t, 5*time.Second, "the reloaded value", func() bool {
+	testkit.Eventually(t, 5*time.Second, "the reloaded value", func() bool {
 		v, err := caches[1].Get(ctx, "k")
 		return err == nil && v == "new"
 	})
@@ -464,7 +411,7 @@ func TestCallerCancellationDoesNotCancelLoad(t *testing.T) {
 		})
 		first <- err
 	}()
-	eventually(t, 5*time.Second, "the loader to start", func() bool { return calls.Load() == 1 })
+	testkit.Eventually(t, 5*time.Second, "the loader to start", func() bool { return calls.Load() == 1 })
 
 	second := make(chan string, 1)
 	go func() {
@@ -568,7 +515,7 @@ func TestTakeOverAfterFailedOrLapsedLoader(t *testing.T) {
 		}
 		bDone <- v
 	}()
-	eventually(t, 5*time.Second, "B to miss", func() bool { return b.Stats().Misses == 1 })
+	testkit.Eventually(t, 5*time.Second, "B to miss", func() bool { return b.Stats().Misses == 1 })
 	close(aFail)
 	if err := <-aDone; err == nil || err.Error() != "a failed" {
 		t.Fatalf("A: err = %v", err)
@@ -740,9 +687,8 @@ func (c *failingCache) Set(ctx context.Context, key string, v []byte, ttl time.D
 func TestStoreFailureAfterLoad(t *testing.T) {
 	ctx := context.Background()
 	fs := &failingStore{Store: memory.NewDriver(nil)}
-	var logs bytes.Buffer
-	var mu sync.Mutex
-	st := warden.New(fs, &warden.Options{Logger: slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, nil))})
+	var logs testkit.LogBuffer
+	st := warden.New(fs, &warden.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	defer st.Close()
 	c := newCache[int](t, st, nil)
 	fs.failSet.Store(true)
@@ -753,26 +699,13 @@ func TestStoreFailureAfterLoad(t *testing.T) {
 	if c.Stats().Errors != 1 {
 		t.Fatalf("stats = %+v, want 1 error", c.Stats())
 	}
-	mu.Lock()
 	logged := logs.String()
-	mu.Unlock()
 	if !strings.Contains(logged, "disk full") {
 		t.Fatalf("the failed write was not logged: %q", logged)
 	}
 	if err := c.Set(ctx, "k", 1); err == nil || !strings.Contains(err.Error(), "disk full") {
 		t.Fatalf("Set: err = %v, want the store's error", err)
 	}
-}
-
-type lockedWriter struct {
-	mu *sync.Mutex
-	w  *bytes.Buffer
-}
-
-func (l lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
 }
 
 func TestCloseStopsLoads(t *testing.T) {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -16,45 +15,17 @@ import (
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/checkpoint"
 	"github.com/warden-go/warden/driver"
+	"github.com/warden-go/warden/internal/testkit"
 	"github.com/warden-go/warden/lock"
-	"github.com/warden-go/warden/store/memory"
 )
 
 // TestMain fails the run if a goroutine started by checkpoint or by the
 // Lockers it makes outlives the tests.
 func TestMain(m *testing.M) {
-	code := m.Run()
-	if code == 0 {
-		if stacks := leaked(); stacks != "" {
-			fmt.Fprintln(os.Stderr, "leaked goroutines:\n"+stacks)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	testkit.MainNoLeaks(m, "leaked goroutines", func(g string) bool {
+		return strings.Contains(g, "warden/checkpoint.") || strings.Contains(g, "warden/lock.")
+	})
 }
-
-func leaked() string {
-	deadline := time.Now().Add(2 * time.Second)
-	for {
-		buf := make([]byte, 1<<20)
-		buf = buf[:runtime.Stack(buf, true)]
-		var bad []string
-		for _, g := range strings.Split(string(buf), "\n\n") {
-			if strings.Contains(g, "warden/checkpoint.") || strings.Contains(g, "warden/lock.") {
-				bad = append(bad, g)
-			}
-		}
-		if len(bad) == 0 {
-			return ""
-		}
-		if time.Now().After(deadline) {
-			return strings.Join(bad, "\n\n")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-var dbSeq atomic.Int64
 
 // quiet drops the warnings the tests provoke on purpose (lost leases).
 var quiet = &warden.Options{Logger: slog.New(slog.DiscardHandler)}
@@ -63,14 +34,7 @@ var quiet = &warden.Options{Logger: slog.New(slog.DiscardHandler)}
 // connected to one server.
 func stores(t *testing.T, n int) []*warden.Store {
 	t.Helper()
-	name := fmt.Sprintf("%s-%d", t.Name(), dbSeq.Add(1))
-	out := make([]*warden.Store, n)
-	for i := range out {
-		st := warden.New(memory.NewDriver(&memory.Options{Name: name, Prefix: "p:"}), quiet)
-		out[i] = st
-		t.Cleanup(func() { st.Close() })
-	}
-	return out
+	return testkit.Stores(t, n, quiet)
 }
 
 func sequences(t *testing.T, st *warden.Store, task string) []int64 {

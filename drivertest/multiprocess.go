@@ -1,14 +1,12 @@
 package drivertest
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -172,34 +170,10 @@ func childLocks(ctx context.Context, st *warden.Store, cfg childConfig, res *chi
 					fail("%s: Acquire: %v", owner, err)
 					return
 				}
-				f, err := os.OpenFile(marker, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-				created := err == nil
-				switch {
-				case created:
-					f.Close()
-				case errors.Is(err, fs.ErrExist):
-					mu.Lock()
-					res.Overlaps++
-					mu.Unlock()
-					fail("%s entered the critical section (token %d) while another process was inside", owner, rec.Token)
-				default:
-					fail("marker: %v", err)
-				}
-				last, err := lastToken(tokens)
-				if err != nil {
-					fail("reading tokens: %v", err)
-				} else if rec.Token <= last {
-					fail("%s got token %d, not above the last recorded token %d", owner, rec.Token, last)
-				}
-				if err := appendLine(tokens, fmt.Sprintf("%d %s", rec.Token, owner)); err != nil {
-					fail("recording the token: %v", err)
-				}
+				created := enterMarker(marker, owner, rec.Token, "process", res, mu, fail)
+				recordToken(tokens, owner, rec.Token, fail)
 				time.Sleep(300 * time.Microsecond)
-				if created {
-					if err := os.Remove(marker); err != nil {
-						fail("marker: %v", err)
-					}
-				}
+				leaveMarker(marker, created, fail)
 				ok, err := l.Release(ctx, cfg.Key, owner, rec.Token)
 				if err != nil || !ok {
 					fail("%s: Release of its holding (token %d): ok=%v err=%v", owner, rec.Token, ok, err)
@@ -260,21 +234,58 @@ func childIdempotency(ctx context.Context, st *warden.Store, cfg childConfig, re
 	wg.Wait()
 }
 
+// enterMarker creates the marker file exclusively as who enters a critical
+// section with token, and reports whether it did. If the file exists, a
+// holder (other names it: "process", "holder") is inside too: it counts an
+// overlap and reports the failure.
+func enterMarker(marker, who string, token int64, other string, res *childResult, mu *sync.Mutex, fail func(string, ...any)) bool {
+	f, err := os.OpenFile(marker, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	created := err == nil
+	switch {
+	case created:
+		f.Close()
+	case errors.Is(err, fs.ErrExist):
+		mu.Lock()
+		res.Overlaps++
+		mu.Unlock()
+		fail("%s entered the critical section (token %d) while another %s was inside", who, token, other)
+	default:
+		fail("marker: %v", err)
+	}
+	return created
+}
+
+// leaveMarker removes the marker file on leaving a critical section, if
+// enterMarker created it.
+func leaveMarker(marker string, created bool, fail func(string, ...any)) {
+	if created {
+		if err := os.Remove(marker); err != nil {
+			fail("marker: %v", err)
+		}
+	}
+}
+
+// recordToken checks that the fencing token of who is above the last one
+// recorded in the tokens file, and records it.
+func recordToken(tokens, who string, token int64, fail func(string, ...any)) {
+	last, err := lastToken(tokens)
+	if err != nil {
+		fail("reading tokens: %v", err)
+	} else if token <= last {
+		fail("%s got token %d, not above the last recorded token %d", who, token, last)
+	}
+	if err := appendLine(tokens, fmt.Sprintf("%d %s", token, who)); err != nil {
+		fail("recording the token: %v", err)
+	}
+}
+
 // lastToken returns the last token recorded in the tokens file (0 if none).
 func lastToken(path string) (int64, error) {
-	b, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return 0, nil
-	}
-	if err != nil {
+	lines, err := readLines(path)
+	if err != nil || len(lines) == 0 {
 		return 0, err
 	}
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	last := lines[len(lines)-1]
-	if last == "" {
-		return 0, nil
-	}
-	tok, _, _ := strings.Cut(last, " ")
+	tok, _, _ := strings.Cut(lines[len(lines)-1], " ")
 	return strconv.ParseInt(tok, 10, 64)
 }
 
@@ -314,37 +325,14 @@ func (s *suite) spawn(t *testing.T, cfgs []childConfig) []childResult {
 		exe = os.Args[0]
 	}
 	dir := cfgs[0].Dir
-	type proc struct {
-		cmd  *exec.Cmd
-		out  bytes.Buffer
-		done chan struct{}
-		err  error
-	}
-	var procs []*proc
+	var procs []*childProc
 	t.Cleanup(func() {
 		for _, p := range procs {
 			<-p.done
 		}
 	})
 	for i, cfg := range cfgs {
-		b, err := json.Marshal(cfg)
-		fatalIf(t, "config", err)
-		p := &proc{done: make(chan struct{})}
-		// -test.run=^$: if TestMain does not call Main, the child runs no
-		// tests (instead of the whole suite again) and reports nothing.
-		p.cmd = exec.CommandContext(ctx, exe, "-test.run=^$", "-test.count=1")
-		p.cmd.Env = append(os.Environ(), childEnv+"="+string(b))
-		p.cmd.Stdout = &p.out
-		p.cmd.Stderr = &p.out
-		p.cmd.WaitDelay = 5 * time.Second
-		if err := p.cmd.Start(); err != nil {
-			t.Fatalf("starting child %d: %v", i, err)
-		}
-		go func() {
-			p.err = p.cmd.Wait()
-			close(p.done)
-		}()
-		procs = append(procs, p)
+		procs = append(procs, startChild(ctx, t, exe, i, cfg))
 	}
 	// Wait until every child is ready (or one has exited early), then
 	// release them all.
@@ -372,34 +360,16 @@ func (s *suite) spawn(t *testing.T, cfgs []childConfig) []childResult {
 	results := make([]childResult, len(procs))
 	for i, p := range procs {
 		<-p.done
-		b, rerr := os.ReadFile(filepath.Join(dir, fmt.Sprintf(resultFile, cfgs[i].ID)))
-		if rerr != nil {
-			t.Fatalf("child %d wrote no result (exit: %v) — does the test binary's TestMain call drivertest.Main(m)? Output:\n%s", i, p.err, p.out.String())
-		}
-		if err := json.Unmarshal(b, &results[i]); err != nil {
-			t.Fatalf("child %d result: %v", i, err)
-		}
-		if len(results[i].Errors) > 0 {
-			t.Errorf("child %d: %d errors: %s", i, len(results[i].Errors), strings.Join(results[i].Errors, "; "))
-		}
-		if p.err != nil {
-			t.Errorf("child %d exited with %v; output:\n%s", i, p.err, p.out.String())
-		}
+		results[i] = p.result(t, i, filepath.Join(dir, fmt.Sprintf(resultFile, cfgs[i].ID)))
 	}
 	return results
 }
 
 // mpConfigs makes one configuration per child.
 func (s *suite) mpConfigs(t *testing.T, role string, goroutines, rounds, threshold int) ([]childConfig, *warden.Store) {
-	if s.h.URL == nil {
-		t.Skipf("Harness.URL is nil: the multi-process checks need a URL that opens the %s database from another process", s.h.Name)
-	}
-	st, prefix := s.open(t)
-	url := s.h.URL(t, prefix)
-	dir := t.TempDir()
-	cfgs := make([]childConfig, children)
+	cfgs, st := s.fleetConfigs(t, role, children)
 	for i := range cfgs {
-		cfgs[i] = childConfig{Role: role, URL: url, Dir: dir, ID: i, Key: "shared-" + role, Goroutines: goroutines, Rounds: rounds, Threshold: threshold}
+		cfgs[i].Goroutines, cfgs[i].Rounds, cfgs[i].Threshold = goroutines, rounds, threshold
 	}
 	return cfgs, st
 }
@@ -427,15 +397,23 @@ func (s *suite) mpLocks(t *testing.T) {
 	if len(lines) != children*goroutines*rounds {
 		t.Errorf("%d tokens recorded, want %d", len(lines), children*goroutines*rounds)
 	}
+	tokensIncrease(t, lines, "token %d of %s recorded after token %d: fencing tokens must strictly increase across processes")
+}
+
+// tokensIncrease checks that the tokens of lines, recorded by recordToken,
+// strictly increase. failf formats a failure from a token, its holder and
+// the token recorded before it.
+func tokensIncrease(t *testing.T, lines []string, failf string) {
+	t.Helper()
 	var prev int64
 	for i, line := range lines {
-		tok, owner, _ := strings.Cut(line, " ")
+		tok, who, _ := strings.Cut(line, " ")
 		n, err := strconv.ParseInt(tok, 10, 64)
 		if err != nil {
 			t.Fatalf("tokens file line %d: %q", i+1, line)
 		}
 		if n <= prev {
-			t.Errorf("token %d of %s recorded after token %d: fencing tokens must strictly increase across processes", n, owner, prev)
+			t.Errorf(failf, n, who, prev)
 		}
 		prev = n
 	}

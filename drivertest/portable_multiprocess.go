@@ -133,19 +133,7 @@ func childLockExclusion(ctx context.Context, st *warden.Store, cfg childConfig, 
 				}
 			}()
 			section := func(ctx context.Context, token int64) {
-				f, err := os.OpenFile(marker, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-				created := err == nil
-				switch {
-				case created:
-					f.Close()
-				case errors.Is(err, fs.ErrExist):
-					mu.Lock()
-					res.Overlaps++
-					mu.Unlock()
-					fail("%s entered the critical section (token %d) while another holder was inside", who, token)
-				default:
-					fail("marker: %v", err)
-				}
+				created := enterMarker(marker, who, token, "holder", res, mu, fail)
 				rec, found, err := st.Locks().Get(ctx, cfg.Key)
 				switch {
 				case err != nil:
@@ -155,24 +143,12 @@ func childLockExclusion(ctx context.Context, st *warden.Store, cfg childConfig, 
 				case token == 0:
 					token = rec.Token // lock.Do does not show the lease
 				}
-				last, err := lastToken(tokens)
-				if err != nil {
-					fail("reading tokens: %v", err)
-				} else if token <= last {
-					fail("%s got token %d, not above the last recorded token %d", who, token, last)
-				}
-				if err := appendLine(tokens, fmt.Sprintf("%d %s", token, who)); err != nil {
-					fail("recording the token: %v", err)
-				}
+				recordToken(tokens, who, token, fail)
 				time.Sleep(300 * time.Microsecond) // the work; an overlap would show meanwhile
 				if ctx.Err() != nil {
 					fail("%s: the lease (token %d) ended inside the critical section: %v", who, token, context.Cause(ctx))
 				}
-				if created {
-					if err := os.Remove(marker); err != nil {
-						fail("marker: %v", err)
-					}
-				}
+				leaveMarker(marker, created, fail)
 				mu.Lock()
 				res.Sections++
 				mu.Unlock()
@@ -513,26 +489,54 @@ func startFleet(t *testing.T, cfgs []childConfig) *fleet {
 		}
 	})
 	for i, cfg := range cfgs {
-		b, err := json.Marshal(cfg)
-		fatalIf(t, "config", err)
-		p := &childProc{done: make(chan struct{})}
-		// -test.run=^$: if TestMain does not call Main, the child runs no
-		// tests and reports nothing.
-		p.cmd = exec.CommandContext(f.ctx, exe, "-test.run=^$", "-test.count=1")
-		p.cmd.Env = append(os.Environ(), childEnv+"="+string(b))
-		p.cmd.Stdout = &p.out
-		p.cmd.Stderr = &p.out
-		p.cmd.WaitDelay = 5 * time.Second
-		if err := p.cmd.Start(); err != nil {
-			t.Fatalf("starting child %d: %v", i, err)
-		}
-		go func() {
-			p.err = p.cmd.Wait()
-			close(p.done)
-		}()
-		f.procs = append(f.procs, p)
+		f.procs = append(f.procs, startChild(f.ctx, t, exe, i, cfg))
 	}
 	return f
+}
+
+// startChild starts child process i of a check with its configuration;
+// the process is killed when ctx ends.
+func startChild(ctx context.Context, t *testing.T, exe string, i int, cfg childConfig) *childProc {
+	t.Helper()
+	b, err := json.Marshal(cfg)
+	fatalIf(t, "config", err)
+	p := &childProc{done: make(chan struct{})}
+	// -test.run=^$: if TestMain does not call Main, the child runs no
+	// tests (instead of the whole suite again) and reports nothing.
+	p.cmd = exec.CommandContext(ctx, exe, "-test.run=^$", "-test.count=1")
+	p.cmd.Env = append(os.Environ(), childEnv+"="+string(b))
+	p.cmd.Stdout = &p.out
+	p.cmd.Stderr = &p.out
+	p.cmd.WaitDelay = 5 * time.Second
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("starting child %d: %v", i, err)
+	}
+	go func() {
+		p.err = p.cmd.Wait()
+		close(p.done)
+	}()
+	return p
+}
+
+// result reads the result that child i, which has exited, wrote to path;
+// it fails the check if the child reported errors or failed.
+func (p *childProc) result(t *testing.T, i int, path string) childResult {
+	t.Helper()
+	var res childResult
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("child %d wrote no result (exit: %v) — does the test binary's TestMain call drivertest.Main(m)? Output:\n%s", i, p.err, p.out.String())
+	}
+	if err := json.Unmarshal(b, &res); err != nil {
+		t.Fatalf("child %d result: %v", i, err)
+	}
+	if len(res.Errors) > 0 {
+		t.Errorf("child %d: %d errors: %s", i, len(res.Errors), strings.Join(res.Errors, "; "))
+	}
+	if p.err != nil {
+		t.Errorf("child %d exited with %v; output:\n%s", i, p.err, p.out.String())
+	}
+	return res
 }
 
 // path names a file of the shared directory.
@@ -610,19 +614,7 @@ func (f *fleet) wait(t *testing.T) []childResult {
 		case <-f.ctx.Done():
 			t.Fatalf("waiting for child %d: %v", i, f.ctx.Err())
 		}
-		b, err := os.ReadFile(f.path(fmt.Sprintf(resultFile, f.cfgs[i].ID)))
-		if err != nil {
-			t.Fatalf("child %d wrote no result (exit: %v) — does the test binary's TestMain call drivertest.Main(m)? Output:\n%s", i, p.err, p.out.String())
-		}
-		if err := json.Unmarshal(b, &results[i]); err != nil {
-			t.Fatalf("child %d result: %v", i, err)
-		}
-		if len(results[i].Errors) > 0 {
-			t.Errorf("child %d: %d errors: %s", i, len(results[i].Errors), strings.Join(results[i].Errors, "; "))
-		}
-		if p.err != nil {
-			t.Errorf("child %d exited with %v; output:\n%s", i, p.err, p.out.String())
-		}
+		results[i] = p.result(t, i, f.path(fmt.Sprintf(resultFile, f.cfgs[i].ID)))
 	}
 	return results
 }
@@ -638,6 +630,40 @@ func (f *fleet) kill(t *testing.T, i int) {
 	}
 	fatalIf(t, "kill", p.cmd.Process.Kill())
 	<-p.done
+}
+
+// togetherFleet runs the fleet of a check in which calls concurrent calls
+// of procs children of role (spread over them) start together, and each
+// call's work takes pause. It returns the children's configurations, a
+// store of their namespace, their results and the lines of the runs file.
+func (s *suite) togetherFleet(t *testing.T, role string, procs, calls int, pause time.Duration) ([]childConfig, *warden.Store, []childResult, []string) {
+	t.Helper()
+	cfgs, st := s.fleetConfigs(t, role, procs)
+	for i := range cfgs {
+		cfgs[i].Goroutines, cfgs[i].Pause = spread(calls, procs, i), pause
+	}
+	f := startFleet(t, cfgs)
+	f.release(t)
+	f.step(t, "start", func() {})
+	results := f.wait(t)
+	runs, err := readLines(f.path(runsFile))
+	fatalIf(t, "runs", err)
+	return cfgs, st, results, runs
+}
+
+// tallyValues counts the values the children's calls returned, and
+// returns their number and those of them that are not want.
+func tallyValues(results []childResult, want string) (n int, wrong []string) {
+	wrong = []string{}
+	for _, r := range results {
+		for _, v := range r.Values {
+			n++
+			if v != want {
+				wrong = append(wrong, v)
+			}
+		}
+	}
+	return n, wrong
 }
 
 // spread splits total calls over n processes.
@@ -678,18 +704,7 @@ func (s *suite) portableLockExclusion(t *testing.T) {
 	if len(lines) != sections {
 		t.Errorf("%d tokens recorded, want %d", len(lines), sections)
 	}
-	var prev int64
-	for i, line := range lines {
-		tok, who, _ := strings.Cut(line, " ")
-		n, err := strconv.ParseInt(tok, 10, 64)
-		if err != nil {
-			t.Fatalf("tokens file line %d: %q", i+1, line)
-		}
-		if n <= prev {
-			t.Errorf("lease token %d of %s recorded after token %d: fencing tokens must strictly increase", n, who, prev)
-		}
-		prev = n
-	}
+	tokensIncrease(t, lines, "lease token %d of %s recorded after token %d: fencing tokens must strictly increase")
 	if rec, found, err := st.Locks().Get(testCtx(t), cfgs[0].Key); err != nil || found {
 		t.Errorf("after every lease was released the key is held: %+v found=%v err=%v", rec, found, err)
 	}
@@ -810,29 +825,12 @@ type unclosedNotifier struct {
 // several processes run fn once and all return its result.
 func (s *suite) portableIdempotency(t *testing.T) {
 	const procs, calls = 3, 100
-	cfgs, st := s.fleetConfigs(t, "portable-idempotency", procs)
-	for i := range cfgs {
-		cfgs[i].Goroutines, cfgs[i].Pause = spread(calls, procs, i), 150*time.Millisecond
-	}
-	f := startFleet(t, cfgs)
-	f.release(t)
-	f.step(t, "start", func() {})
-	results := f.wait(t)
-	runs, err := readLines(f.path(runsFile))
-	fatalIf(t, "runs", err)
+	cfgs, st, results, runs := s.togetherFleet(t, "portable-idempotency", procs, calls, 150*time.Millisecond)
 	if len(runs) != 1 {
 		t.Fatalf("fn ran %d times for %d concurrent calls with one key in %d processes (%s), want exactly once", len(runs), calls, procs, quoteSome(runs))
 	}
 	want := "result-of-" + runs[0]
-	n, wrong := 0, []string{}
-	for _, r := range results {
-		for _, v := range r.Values {
-			n++
-			if v != want {
-				wrong = append(wrong, v)
-			}
-		}
-	}
+	n, wrong := tallyValues(results, want)
 	if n != calls {
 		t.Errorf("%d calls returned a value, want %d", n, calls)
 	}
@@ -895,29 +893,12 @@ func (s *suite) portableBreaker(t *testing.T) {
 // several processes call the loader once, and all get its value.
 func (s *suite) portableCacheLoad(t *testing.T) {
 	const procs, calls = 3, 50
-	cfgs, st := s.fleetConfigs(t, "portable-cache", procs)
-	for i := range cfgs {
-		cfgs[i].Goroutines, cfgs[i].Pause = spread(calls, procs, i), 200*time.Millisecond
-	}
-	f := startFleet(t, cfgs)
-	f.release(t)
-	f.step(t, "start", func() {})
-	results := f.wait(t)
-	runs, err := readLines(f.path(runsFile))
-	fatalIf(t, "runs", err)
+	cfgs, st, results, runs := s.togetherFleet(t, "portable-cache", procs, calls, 200*time.Millisecond)
 	if len(runs) != 1 {
 		t.Fatalf("the loader ran %d times for %d concurrent GetOrLoad calls in %d processes (%s), want once", len(runs), calls, procs, quoteSome(runs))
 	}
 	want := "loaded-by-" + runs[0]
-	n, wrong := 0, []string{}
-	for _, r := range results {
-		for _, v := range r.Values {
-			n++
-			if v != want {
-				wrong = append(wrong, v)
-			}
-		}
-	}
+	n, wrong := tallyValues(results, want)
 	if n != calls {
 		t.Errorf("%d calls returned a value, want %d", n, calls)
 	}

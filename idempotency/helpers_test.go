@@ -2,12 +2,9 @@ package idempotency_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"io"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,37 +12,10 @@ import (
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
 	"github.com/warden-go/warden/idempotency"
-	"github.com/warden-go/warden/store/memory"
+	"github.com/warden-go/warden/internal/testkit"
 )
 
 type idemOpts = idempotency.Options
-
-// dbName returns a fresh shared memory database name for one test.
-func dbName(t *testing.T) string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	return t.Name() + "-" + hex.EncodeToString(b[:])
-}
-
-// opCounter is a warden.Hook counting operations by name.
-type opCounter struct {
-	mu sync.Mutex
-	n  map[string]int
-}
-
-func newOpCounter() *opCounter { return &opCounter{n: map[string]int{}} }
-
-func (c *opCounter) AfterOp(_ context.Context, op warden.OpInfo) {
-	c.mu.Lock()
-	c.n[op.Op]++
-	c.mu.Unlock()
-}
-
-func (c *opCounter) get(op string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.n[op]
-}
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
@@ -53,14 +23,13 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 // process connecting to the same server.
 func openStore(t *testing.T, db string, hook warden.Hook) *warden.Store {
 	t.Helper()
-	return openDriver(t, memory.NewDriver(&memory.Options{Name: db, Prefix: "p:"}), hook)
+	return openDriver(t, testkit.MemoryDriver(db), hook)
 }
 
+// openDriver opens a store on drv, closed at the end of the test.
 func openDriver(t *testing.T, drv driver.Store, hook warden.Hook) *warden.Store {
 	t.Helper()
-	st := warden.New(drv, &warden.Options{Hook: hook, Logger: quiet})
-	t.Cleanup(func() { _ = st.Close() })
-	return st
+	return testkit.Open(t, drv, &warden.Options{Hook: hook, Logger: quiet})
 }
 
 // errDown is what the flaky store answers while it is down.
@@ -86,18 +55,6 @@ func (i flakyIdem) Extend(ctx context.Context, key, owner string, lease time.Dur
 		return false, errDown
 	}
 	return i.Idempotency.Extend(ctx, key, owner, lease)
-}
-
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
 }
 
 // pending reports whether key has a live pending claim.

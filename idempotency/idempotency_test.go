@@ -14,6 +14,7 @@ import (
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
 	"github.com/warden-go/warden/idempotency"
+	"github.com/warden-go/warden/internal/testkit"
 	"github.com/warden-go/warden/store/memory"
 )
 
@@ -27,8 +28,8 @@ type receipt struct {
 func TestConcurrentDuplicatesRunOnce(t *testing.T) {
 	t.Parallel()
 	const callers, procs = 100, 4
-	db := dbName(t)
-	ops := newOpCounter()
+	db := testkit.DBName(t)
+	ops := &testkit.OpCounter{}
 	var stores []*warden.Store
 	for range procs {
 		stores = append(stores, openStore(t, db, ops))
@@ -38,7 +39,7 @@ func TestConcurrentDuplicatesRunOnce(t *testing.T) {
 		n := ran.Add(1)
 		// Stay in progress until every caller has tried to claim the key.
 		deadline := time.Now().Add(5 * time.Second)
-		for ops.get("idempotency.claim") < callers && time.Now().Before(deadline) {
+		for ops.Get("idempotency.claim") < callers && time.Now().Before(deadline) {
 			time.Sleep(time.Millisecond)
 		}
 		return receipt{ID: fmt.Sprint("r-", n), Amount: 42}, nil
@@ -74,7 +75,7 @@ func TestConcurrentDuplicatesRunOnce(t *testing.T) {
 
 func TestNoWaitReportsInProgress(t *testing.T) {
 	t.Parallel()
-	st := openStore(t, dbName(t), nil)
+	st := openStore(t, testkit.DBName(t), nil)
 	release := make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
@@ -84,7 +85,7 @@ func TestNoWaitReportsInProgress(t *testing.T) {
 		}, &idemOpts{Owner: "worker-a"})
 		done <- err
 	}()
-	eventually(t, "the first call claims the key", func() bool { return pending(t, st, "job") })
+	testkit.Eventually(t, 5*time.Second, "the first call claims the key", func() bool { return pending(t, st, "job") })
 
 	_, err := idempotency.Do(context.Background(), st, "job", func(context.Context) (string, error) {
 		t.Error("a duplicate ran fn")
@@ -109,7 +110,7 @@ func TestNoWaitReportsInProgress(t *testing.T) {
 
 func TestErrorsAreNotStored(t *testing.T) {
 	t.Parallel()
-	st := openStore(t, dbName(t), nil)
+	st := openStore(t, testkit.DBName(t), nil)
 	ctx := context.Background()
 	var ran int
 	fn := func(context.Context) (int, error) {
@@ -135,7 +136,7 @@ func TestErrorsAreNotStored(t *testing.T) {
 // zero-value success.
 func TestCacheErrors(t *testing.T) {
 	t.Parallel()
-	st := openStore(t, dbName(t), nil)
+	st := openStore(t, testkit.DBName(t), nil)
 	ctx := context.Background()
 	opts := &idemOpts{CacheErrors: true}
 	_, err := idempotency.Do(ctx, st, "k", func(context.Context) (receipt, error) {
@@ -180,7 +181,7 @@ func TestCacheErrors(t *testing.T) {
 // lease lapses; a waiting duplicate takes it over and runs fn.
 func TestDeadClaimantIsTakenOver(t *testing.T) {
 	t.Parallel()
-	st := openStore(t, dbName(t), nil)
+	st := openStore(t, testkit.DBName(t), nil)
 	ctx := context.Background()
 	if _, out, err := st.Idempotency().Claim(ctx, "k", "dead-worker", 150*time.Millisecond, ""); err != nil || out != driver.Claimed {
 		t.Fatalf("claim: %v %v", out, err)
@@ -216,7 +217,7 @@ func TestDeadClaimantIsTakenOver(t *testing.T) {
 // claim, duplicates never run fn, and fn's ctx stays live.
 func TestLongFnKeepsItsClaim(t *testing.T) {
 	t.Parallel()
-	db := dbName(t)
+	db := testkit.DBName(t)
 	st := openStore(t, db, nil)
 	other := openStore(t, db, nil)
 	const lease = 200 * time.Millisecond
@@ -236,7 +237,7 @@ func TestLongFnKeepsItsClaim(t *testing.T) {
 		defer close(finished)
 		first, firstErr = idempotency.Do(context.Background(), st, "k", fn, &idemOpts{Lease: lease})
 	}()
-	eventually(t, "the key is claimed", func() bool { return pending(t, st, "k") })
+	testkit.Eventually(t, 5*time.Second, "the key is claimed", func() bool { return pending(t, st, "k") })
 
 	var waited string
 	var waitErr error
@@ -268,7 +269,7 @@ func TestLongFnKeepsItsClaim(t *testing.T) {
 
 func TestFingerprintMismatch(t *testing.T) {
 	t.Parallel()
-	st := openStore(t, dbName(t), nil)
+	st := openStore(t, testkit.DBName(t), nil)
 	ctx := context.Background()
 	fn := func(context.Context) (int, error) { return 1, nil }
 	if _, err := idempotency.Do(ctx, st, "k", fn, &idemOpts{Fingerprint: "sha:aaa"}); err != nil {
@@ -305,7 +306,7 @@ func TestFingerprintMismatch(t *testing.T) {
 
 func TestCancelWhileWaiting(t *testing.T) {
 	t.Parallel()
-	st := openStore(t, dbName(t), nil)
+	st := openStore(t, testkit.DBName(t), nil)
 	if _, _, err := st.Idempotency().Claim(context.Background(), "k", "busy", time.Minute, ""); err != nil {
 		t.Fatal(err)
 	}
@@ -335,7 +336,7 @@ func TestCancelWhileWaiting(t *testing.T) {
 // stored.
 func TestLostClaimCancelsFn(t *testing.T) {
 	t.Parallel()
-	st := openStore(t, dbName(t), nil)
+	st := openStore(t, testkit.DBName(t), nil)
 	ctx := context.Background()
 	started := make(chan struct{})
 	var cause error
@@ -370,7 +371,7 @@ func TestLostClaimCancelsFn(t *testing.T) {
 // have lapsed in the store.
 func TestRenewalFailureCancelsFn(t *testing.T) {
 	t.Parallel()
-	f := &flaky{Store: memory.NewDriver(&memory.Options{Name: dbName(t), Prefix: "p:"})}
+	f := &flaky{Store: testkit.MemoryDriver(testkit.DBName(t))}
 	st := openDriver(t, f, nil)
 	var cause error
 	_, err := idempotency.Do(context.Background(), st, "k", func(ctx context.Context) (int, error) {
@@ -393,14 +394,14 @@ func TestRenewalFailureCancelsFn(t *testing.T) {
 // claim if one succeeds before the lease runs out.
 func TestTransientRenewalErrorIsRetried(t *testing.T) {
 	t.Parallel()
-	f := &flaky{Store: memory.NewDriver(&memory.Options{Name: dbName(t), Prefix: "p:"})}
-	ops := newOpCounter()
+	f := &flaky{Store: testkit.MemoryDriver(testkit.DBName(t))}
+	ops := &testkit.OpCounter{}
 	st := openDriver(t, f, ops)
 	const lease = 150 * time.Millisecond
 	v, err := idempotency.Do(context.Background(), st, "k", func(ctx context.Context) (int, error) {
 		f.failures.Store(2)
-		eventually(t, "two renewals fail and one succeeds", func() bool {
-			return f.failures.Load() < 0 && ops.get("idempotency.extend") >= 3
+		testkit.Eventually(t, 5*time.Second, "two renewals fail and one succeeds", func() bool {
+			return f.failures.Load() < 0 && ops.Get("idempotency.extend") >= 3
 		})
 		time.Sleep(lease) // past the first lease: only the retried renewal keeps it
 		return 5, context.Cause(ctx)
@@ -412,7 +413,7 @@ func TestTransientRenewalErrorIsRetried(t *testing.T) {
 
 func TestPanicGivesTheKeyBack(t *testing.T) {
 	t.Parallel()
-	st := openStore(t, dbName(t), nil)
+	st := openStore(t, testkit.DBName(t), nil)
 	ctx := context.Background()
 	func() {
 		defer func() {
@@ -432,7 +433,7 @@ func TestPanicGivesTheKeyBack(t *testing.T) {
 
 func TestValidation(t *testing.T) {
 	t.Parallel()
-	st := openStore(t, dbName(t), nil)
+	st := openStore(t, testkit.DBName(t), nil)
 	ctx := context.Background()
 	fn := func(context.Context) (int, error) { t.Error("fn ran"); return 0, nil }
 	for _, o := range []idemOpts{
@@ -490,7 +491,7 @@ func (ptrCodec) Unmarshal(b []byte, v any) error { return textCodec{}.Unmarshal(
 
 func TestCodecsAndBareRecords(t *testing.T) {
 	t.Parallel()
-	st := openStore(t, dbName(t), nil)
+	st := openStore(t, testkit.DBName(t), nil)
 	ctx := context.Background()
 	opts := &idemOpts{Codec: ptrCodec{}}
 	if v, err := idempotency.Do(ctx, st, "k", func(context.Context) (string, error) { return "héllo \"x\"", nil }, opts); err != nil || v != "héllo \"x\"" {
@@ -543,7 +544,7 @@ func TestResultTooLarge(t *testing.T) {
 // No goroutine outlives Do, whatever way it ends.
 func TestNoGoroutineLeaks(t *testing.T) {
 	base := runtime.NumGoroutine()
-	st := openStore(t, dbName(t), nil)
+	st := openStore(t, testkit.DBName(t), nil)
 	ctx := context.Background()
 	opts := &idemOpts{Lease: 30 * time.Millisecond, PollMin: time.Millisecond, PollMax: 5 * time.Millisecond}
 	_, _ = idempotency.Do(ctx, st, "ok", func(context.Context) (int, error) { return 1, nil }, opts)
@@ -568,5 +569,5 @@ func TestNoGoroutineLeaks(t *testing.T) {
 			return 0, nil
 		}
 	}, opts)
-	eventually(t, "the goroutines end", func() bool { return runtime.NumGoroutine() <= base })
+	testkit.Eventually(t, 5*time.Second, "the goroutines end", func() bool { return runtime.NumGoroutine() <= base })
 }

@@ -1,89 +1,43 @@
 package lock
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"runtime"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
-	"github.com/warden-go/warden/store/memory"
+	"github.com/warden-go/warden/internal/testkit"
 )
 
 // The test doubles below wrap the real memory driver; nothing is mocked.
 
-var dbSeq atomic.Int64
-
-// newDB names a fresh shared memory database for one test.
-func newDB(t *testing.T) string {
-	return fmt.Sprintf("%s-%d", t.Name(), dbSeq.Add(1))
-}
-
-// logBuf collects a store's log lines.
-type logBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *logBuf) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *logBuf) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 // env is one "process": a store connection to a shared memory database.
 type env struct {
 	st   *warden.Store
-	logs *logBuf
-	ops  *opCounter
-}
-
-// opCounter counts store operations by name.
-type opCounter struct {
-	mu sync.Mutex
-	n  map[string]int
-}
-
-func (c *opCounter) AfterOp(_ context.Context, op warden.OpInfo) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.n[op.Op]++
-}
-
-func (c *opCounter) get(op string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.n[op]
+	logs *testkit.LogBuffer
+	ops  *testkit.OpCounter
 }
 
 // openEnv opens a store on database db, optionally wrapping the memory
 // driver.
 func openEnv(t *testing.T, db string, wrap func(driver.Store) driver.Store) *env {
 	t.Helper()
-	drv := memory.NewDriver(&memory.Options{Name: db, Prefix: "p:"})
+	drv := testkit.MemoryDriver(db)
 	if wrap != nil {
 		drv = wrap(drv)
 	}
-	e := &env{logs: &logBuf{}, ops: &opCounter{n: map[string]int{}}}
-	e.st = warden.New(drv, &warden.Options{
+	e := &env{logs: &testkit.LogBuffer{}, ops: &testkit.OpCounter{}}
+	e.st = testkit.Open(t, drv, &warden.Options{
 		Logger: slog.New(slog.NewTextHandler(e.logs, nil)),
 		Hook:   e.ops,
 	})
-	t.Cleanup(func() { _ = e.st.Close() })
 	return e
 }
 
@@ -141,18 +95,6 @@ func wrapFaulty(f *faultyLocks) func(driver.Store) driver.Store {
 	return func(d driver.Store) driver.Store {
 		f.Locks = d.Locks()
 		return &faultyStore{Store: d, locks: f}
-	}
-}
-
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", within, what)
-		}
-		time.Sleep(2 * time.Millisecond)
 	}
 }
 

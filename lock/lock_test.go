@@ -12,10 +12,11 @@ import (
 
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
+	"github.com/warden-go/warden/internal/testkit"
 )
 
 func TestMutualExclusionAcrossLockers(t *testing.T) {
-	db := newDB(t)
+	db := testkit.DBName(t)
 	const lockers, perLocker, cycles = 3, 4, 15
 	var (
 		inside   atomic.Int32
@@ -74,7 +75,7 @@ func TestMutualExclusionAcrossLockers(t *testing.T) {
 }
 
 func TestLocalWaitersFIFO(t *testing.T) {
-	e := openEnv(t, newDB(t), nil)
+	e := openEnv(t, testkit.DBName(t), nil)
 	l := e.locker(t, &Options{RetryMax: 20 * time.Millisecond})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -105,9 +106,9 @@ func TestLocalWaitersFIFO(t *testing.T) {
 			}
 		}()
 		// Enqueue the waiters one after the other.
-		eventually(t, 5*time.Second, "waiter to queue", func() bool { return queueLen(l, "fifo") == i+1 })
+		testkit.Eventually(t, 5*time.Second, "waiter to queue", func() bool { return queueLen(l, "fifo") == i+1 })
 	}
-	acquires := e.ops.get("lock.acquire")
+	acquires := e.ops.Get("lock.acquire")
 	if err := first.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +129,7 @@ func TestLocalWaitersFIFO(t *testing.T) {
 }
 
 func TestWaiterWokenByReleaseNotification(t *testing.T) {
-	db := newDB(t)
+	db := testkit.DBName(t)
 	holder := openEnv(t, db, nil).locker(t, &Options{TTL: time.Minute})
 	we := openEnv(t, db, nil)
 	// Back-off so long that only a notification can explain a prompt
@@ -149,11 +150,11 @@ func TestWaiterWokenByReleaseNotification(t *testing.T) {
 		got <- s
 	}()
 	// The waiter tried, subscribed, tried again, and now sleeps.
-	eventually(t, 5*time.Second, "waiter to sleep", func() bool {
+	testkit.Eventually(t, 5*time.Second, "waiter to sleep", func() bool {
 		waiter.mu.Lock()
 		defer waiter.mu.Unlock()
 		ks := waiter.keys["job"]
-		return we.ops.get("lock.acquire") >= 2 && waiter.sub == subRunning && ks != nil && !ks.busy
+		return we.ops.Get("lock.acquire") >= 2 && waiter.sub == subRunning && ks != nil && !ks.busy
 	})
 	released := time.Now()
 	if err := h.Release(ctx); err != nil {
@@ -176,7 +177,7 @@ func TestWaiterWokenByReleaseNotification(t *testing.T) {
 }
 
 func TestWaiterWithoutNotifications(t *testing.T) {
-	db := newDB(t)
+	db := testkit.DBName(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 
@@ -240,7 +241,7 @@ func TestWaiterWithoutNotifications(t *testing.T) {
 func TestLeaseLostWhenRefreshFails(t *testing.T) {
 	const ttl = 300 * time.Millisecond
 	f := &faultyLocks{}
-	e := openEnv(t, newDB(t), wrapFaulty(f))
+	e := openEnv(t, testkit.DBName(t), wrapFaulty(f))
 	l := e.locker(t, &Options{TTL: ttl, RefreshInterval: 60 * time.Millisecond, RetryMin: 5 * time.Millisecond, RetryMax: 20 * time.Millisecond})
 	ctx := context.Background()
 	s, err := l.Acquire(ctx, "k")
@@ -248,7 +249,7 @@ func TestLeaseLostWhenRefreshFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Well past one TTL with working refreshes: still held.
-	eventually(t, 5*time.Second, "refreshes", func() bool { return f.oks.Load() >= 8 })
+	testkit.Eventually(t, 5*time.Second, "refreshes", func() bool { return f.oks.Load() >= 8 })
 	select {
 	case <-s.Done():
 		t.Fatalf("lease ended (%v) while refreshes succeeded", context.Cause(s.Context()))
@@ -291,7 +292,7 @@ func TestStaleHoldingGetsNewToken(t *testing.T) {
 	// A lease lost at its deadline while the store still has the holding:
 	// the Locker's next lease on the key must not reuse its token.
 	f := &faultyLocks{}
-	e := openEnv(t, newDB(t), wrapFaulty(f))
+	e := openEnv(t, testkit.DBName(t), wrapFaulty(f))
 	l := e.locker(t, &Options{TTL: 2 * time.Second, RefreshInterval: 20 * time.Millisecond, ClockSkew: 1900 * time.Millisecond})
 	ctx := context.Background()
 	f.fail.Store(true)
@@ -317,7 +318,7 @@ func TestStaleHoldingGetsNewToken(t *testing.T) {
 }
 
 func TestForceReleaseLosesLease(t *testing.T) {
-	db := newDB(t)
+	db := testkit.DBName(t)
 	e := openEnv(t, db, nil)
 	l := e.locker(t, &Options{TTL: 2 * time.Second, RefreshInterval: 30 * time.Millisecond})
 	other := openEnv(t, db, nil)
@@ -351,7 +352,7 @@ func TestForceReleaseLosesLease(t *testing.T) {
 func TestAmbiguousRefreshResolvedByReadBack(t *testing.T) {
 	const ttl = 300 * time.Millisecond
 	f := &faultyLocks{}
-	e := openEnv(t, newDB(t), wrapFaulty(f))
+	e := openEnv(t, testkit.DBName(t), wrapFaulty(f))
 	l := e.locker(t, &Options{TTL: ttl, RefreshInterval: 60 * time.Millisecond})
 	ctx := context.Background()
 	f.ambiguous.Store(true)
@@ -389,7 +390,7 @@ func TestAmbiguousRefreshResolvedByReadBack(t *testing.T) {
 }
 
 func TestTryAcquire(t *testing.T) {
-	db := newDB(t)
+	db := testkit.DBName(t)
 	a := openEnv(t, db, nil).locker(t, nil)
 	b := openEnv(t, db, nil).locker(t, nil)
 	ctx := context.Background()
@@ -433,7 +434,7 @@ func TestTryAcquire(t *testing.T) {
 }
 
 func TestTokensIncreaseAcrossExpiry(t *testing.T) {
-	db := newDB(t)
+	db := testkit.DBName(t)
 	a := openEnv(t, db, nil).locker(t, &Options{TTL: 50 * time.Millisecond, DisableAutoRefresh: true})
 	b := openEnv(t, db, nil).locker(t, &Options{TTL: 50 * time.Millisecond, DisableAutoRefresh: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -456,7 +457,7 @@ func TestTokensIncreaseAcrossExpiry(t *testing.T) {
 }
 
 func TestAcquireContextEnds(t *testing.T) {
-	db := newDB(t)
+	db := testkit.DBName(t)
 	a := openEnv(t, db, nil).locker(t, nil)
 	b := openEnv(t, db, nil).locker(t, nil)
 	if _, err := a.Acquire(context.Background(), "k"); err != nil {
@@ -473,7 +474,7 @@ func TestAcquireContextEnds(t *testing.T) {
 }
 
 func TestDo(t *testing.T) {
-	db := newDB(t)
+	db := testkit.DBName(t)
 	l := openEnv(t, db, nil).locker(t, &Options{TTL: 2 * time.Second, RefreshInterval: 30 * time.Millisecond})
 	other := openEnv(t, db, nil)
 	ol := other.locker(t, nil)
@@ -569,7 +570,7 @@ func TestWatch(t *testing.T) {
 		wrap func(d driver.Store) driver.Store
 	}{{"notifications", nil}, {"polling", hideNotify}} {
 		t.Run(tc.name, func(t *testing.T) {
-			db := newDB(t)
+			db := testkit.DBName(t)
 			w := openEnv(t, db, tc.wrap).locker(t, &Options{PollInterval: 10 * time.Millisecond})
 			a := openEnv(t, db, tc.wrap).locker(t, &Options{TTL: 100 * time.Millisecond, DisableAutoRefresh: true})
 			ctx, cancel := context.WithCancel(context.Background())
@@ -606,7 +607,7 @@ func TestWatch(t *testing.T) {
 				expectEvent(t, ch, Expired, "job:2", a.Owner())
 			}
 			cancel()
-			eventually(t, 5*time.Second, "channel closed", func() bool {
+			testkit.Eventually(t, 5*time.Second, "channel closed", func() bool {
 				select {
 				case _, ok := <-ch:
 					return !ok
@@ -645,7 +646,7 @@ func TestDiff(t *testing.T) {
 }
 
 func TestCloseStopsEverything(t *testing.T) {
-	db := newDB(t)
+	db := testkit.DBName(t)
 	e := openEnv(t, db, nil)
 	pe := openEnv(t, db, hideNotify)
 	holder := openEnv(t, db, nil).locker(t, nil)
@@ -670,7 +671,7 @@ func TestCloseStopsEverything(t *testing.T) {
 		_, err := pl.Acquire(ctx, "busy")
 		pending <- err
 	}()
-	eventually(t, 5*time.Second, "subscription", func() bool {
+	testkit.Eventually(t, 5*time.Second, "subscription", func() bool {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		return l.sub == subRunning
@@ -702,7 +703,7 @@ func TestCloseStopsEverything(t *testing.T) {
 		}
 	}
 	for _, w := range []<-chan Event{w1, w2} {
-		eventually(t, 5*time.Second, "watch closed", func() bool {
+		testkit.Eventually(t, 5*time.Second, "watch closed", func() bool {
 			select {
 			case _, ok := <-w:
 				return !ok
@@ -737,7 +738,7 @@ func TestManyLeases(t *testing.T) {
 		t.Skip("10 000 leases")
 	}
 	const n = 10000
-	e := openEnv(t, newDB(t), nil)
+	e := openEnv(t, testkit.DBName(t), nil)
 	// A long TTL, so that a machine slowed by -race and other builds still
 	// refreshes every lease in time; a short interval, so that every lease
 	// refreshes soon.

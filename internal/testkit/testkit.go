@@ -1,0 +1,181 @@
+// Package testkit holds the helpers that the tests of several warden
+// packages share: fresh memory databases, stores closed at the end of a
+// test, polling with a deadline, an operation-counting hook, a log buffer
+// safe for concurrent use, and a check that no goroutine outlives a test
+// binary's tests.
+//
+// It is imported only from _test.go files.
+package testkit
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/warden-go/warden"
+	"github.com/warden-go/warden/driver"
+	"github.com/warden-go/warden/store/memory"
+)
+
+// Prefix is the namespace prefix of the stores that MemoryDriver opens.
+const Prefix = "p:"
+
+var dbSeq atomic.Int64
+
+// DBName returns a memory database name that no other call in this test
+// binary returns: the test's name and a sequence number.
+func DBName(t testing.TB) string {
+	return fmt.Sprintf("%s-%d", t.Name(), dbSeq.Add(1))
+}
+
+// MemoryDriver returns a memory driver on the shared memory database db
+// with the namespace Prefix, like one more process connecting to the same
+// server.
+func MemoryDriver(db string) driver.Store {
+	return memory.NewDriver(&memory.Options{Name: db, Prefix: Prefix})
+}
+
+// Open returns warden.New(drv, opts), closed at the end of the test.
+func Open(t testing.TB, drv driver.Store, opts *warden.Options) *warden.Store {
+	t.Helper()
+	st := warden.New(drv, opts)
+	t.Cleanup(func() { _ = st.Close() })
+	return st
+}
+
+// Stores opens n stores with opts on one fresh memory database, like n
+// processes connected to one server. They are closed at the end of the
+// test.
+func Stores(t testing.TB, n int, opts *warden.Options) []*warden.Store {
+	t.Helper()
+	name := DBName(t)
+	out := make([]*warden.Store, n)
+	for i := range out {
+		out[i] = Open(t, MemoryDriver(name), opts)
+	}
+	return out
+}
+
+// Eventually polls cond every 2ms until it holds, and fails the test if it
+// still does not hold after within; what describes the condition.
+func Eventually(t testing.TB, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", within, what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// OpCounter is a warden.Hook that counts operations by name (OpInfo.Op).
+// The zero value counts from zero; it is safe for concurrent use.
+type OpCounter struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+// AfterOp counts op.
+func (c *OpCounter) AfterOp(_ context.Context, op warden.OpInfo) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == nil {
+		c.n = map[string]int{}
+	}
+	c.n[op.Op]++
+}
+
+// Get returns how many operations named op were counted.
+func (c *OpCounter) Get(op string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[op]
+}
+
+// Sum returns the number of counted operations whose name satisfies
+// match.
+func (c *OpCounter) Sum(match func(op string) bool) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for op, k := range c.n {
+		if match(op) {
+			n += k
+		}
+	}
+	return n
+}
+
+// Reset forgets every count.
+func (c *OpCounter) Reset() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.n = nil
+}
+
+// LogBuffer collects log output, for example of a slog handler, and is
+// safe for concurrent use. The zero value is empty and ready.
+type LogBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+// Write appends p.
+func (l *LogBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// String returns everything written so far.
+func (l *LogBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// MainNoLeaks is a TestMain that runs the tests of m and exits with their
+// status. When they pass, it fails the run if goroutines for whose stack
+// traces leaks reports true are still running two seconds later, and
+// prints their stacks under the heading label.
+func MainNoLeaks(m *testing.M, label string, leaks func(stack string) bool) {
+	code := m.Run()
+	if code == 0 {
+		if stacks := Leaked(2*time.Second, leaks); stacks != "" {
+			fmt.Fprintln(os.Stderr, label+":\n"+stacks)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// Leaked waits up to within for every goroutine for whose stack trace
+// leaks reports true to end. It returns "" once none runs, or else the stack traces
+// of those still running at the deadline.
+func Leaked(within time.Duration, leaks func(stack string) bool) string {
+	deadline := time.Now().Add(within)
+	for {
+		buf := make([]byte, 1<<20)
+		buf = buf[:runtime.Stack(buf, true)]
+		var bad []string
+		for _, g := range strings.Split(string(buf), "\n\n") {
+			if leaks(g) {
+				bad = append(bad, g)
+			}
+		}
+		if len(bad) == 0 {
+			return ""
+		}
+		if time.Now().After(deadline) {
+			return strings.Join(bad, "\n\n")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
