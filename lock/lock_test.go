@@ -376,16 +376,34 @@ func TestAmbiguousRefreshResolvedByReadBack(t *testing.T) {
 	if !s.Deadline().After(time.Now()) {
 		t.Fatal("deadline not extended")
 	}
-	// Manual refreshes are settled the same way.
-	if err := s.Refresh(ctx); err != nil {
-		t.Fatalf("manual ambiguous Refresh = %v", err)
-	}
 	f.ambiguous.Store(false)
 	if err := s.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if s.Err() != ErrReleased {
 		t.Fatalf("Err after release = %v", s.Err())
+	}
+
+	// Manual refreshes are settled the same way. Without background
+	// refreshes, and once the store's millisecond clock has moved past the
+	// acquire, an applied refresh always moves the expiry; within the same
+	// millisecond read-back could not tell it applied and would keep the
+	// lease only until its deadline.
+	m := e.locker(t, &Options{TTL: ttl, DisableAutoRefresh: true})
+	ms, err := m.Acquire(ctx, "manual")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for acquired := time.Now(); time.Since(acquired) < 3*time.Millisecond; {
+		time.Sleep(time.Millisecond) // let the clock move past the acquire's millisecond
+	}
+	f.ambiguous.Store(true)
+	if err := ms.Refresh(ctx); err != nil {
+		t.Fatalf("manual ambiguous Refresh = %v", err)
+	}
+	f.ambiguous.Store(false)
+	if err := ms.Release(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -777,7 +795,7 @@ func TestManyLeases(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	t.Logf("all refreshed after %v; goroutines: %d before, peak %d", time.Since(start), base, peak)
-	if peak > base+refreshWorkers+20 {
+	if peak > base+refreshWorkers+100 { // per-lease growth would be thousands
 		t.Fatalf("goroutines grew from %d to %d with %d leases", base, peak, n)
 	}
 	for _, s := range leases {
