@@ -13,6 +13,9 @@ import (
 // partly without the lock. If the lock could not be taken, fn is not
 // called and Acquire's error is returned.
 //
+// fn's context carries the lease: LeaseFromContext(ctx).Token() is the
+// fencing token to pass to whatever fn writes.
+//
 // The release is made even if ctx has ended, bounded by the Locker's TTL
 // (past it the holding lapses anyway); a failed release is logged at Warn
 // rather than returned, since fn ran under the lock.
@@ -21,7 +24,7 @@ func Do(ctx context.Context, l *Locker, key string, fn func(ctx context.Context)
 	if err != nil {
 		return err
 	}
-	fctx, cancel := context.WithCancelCause(ctx)
+	fctx, cancel := context.WithCancelCause(context.WithValue(ctx, leaseKey{}, s))
 	stop := context.AfterFunc(s.Context(), func() { cancel(context.Cause(s.Context())) })
 	defer func() {
 		stop()
@@ -43,4 +46,13 @@ func Do(ctx context.Context, l *Locker, key string, fn func(ctx context.Context)
 		}
 	}()
 	return fn(fctx)
+}
+
+type leaseKey struct{}
+
+// LeaseFromContext returns the lease Do holds while it runs fn, from fn's
+// context (or one derived from it); nil outside Do.
+func LeaseFromContext(ctx context.Context) *Lease {
+	s, _ := ctx.Value(leaseKey{}).(*Lease)
+	return s
 }

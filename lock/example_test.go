@@ -96,13 +96,14 @@ func ExampleDo() {
 
 	err = lock.Do(ctx, locker, "migrations", func(ctx context.Context) error {
 		// ctx is cancelled, with cause lock.ErrLeaseLost, if the lock is
-		// lost while this runs.
-		fmt.Println("migrating")
+		// lost while this runs; the lease's token fences every write.
+		token := lock.LeaseFromContext(ctx).Token()
+		fmt.Println("migrating, token > 0:", token > 0)
 		return nil
 	})
 	fmt.Println("done:", err)
 	// Output:
-	// migrating
+	// migrating, token > 0: true
 	// done: <nil>
 }
 

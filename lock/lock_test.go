@@ -813,3 +813,25 @@ func TestManyLeases(t *testing.T) {
 	}
 	waitGoroutines(t, base)
 }
+
+func TestLeaseFromContext(t *testing.T) {
+	l := openEnv(t, testkit.DBName(t), nil).locker(t, nil)
+	ctx := context.Background()
+	if LeaseFromContext(ctx) != nil {
+		t.Fatal("a lease outside Do")
+	}
+	var seen *Lease
+	err := Do(ctx, l, "k", func(ctx context.Context) error {
+		seen = LeaseFromContext(ctx)
+		if seen == nil || seen.Key() != "k" || seen.Token() <= 0 || seen.Err() != nil {
+			t.Errorf("lease in Do = %+v", seen)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if seen == nil || seen.Err() != ErrReleased {
+		t.Fatalf("lease after Do: %v", seen)
+	}
+}
