@@ -454,7 +454,8 @@ type Checkpoints struct {
 }
 
 // Save stores a checkpoint with the task's next sequence. ok=false: refused,
-// because a checkpoint with a greater fencing token exists.
+// because in.Token (> 0) is below the task's fence — a greater token has
+// been saved or fenced for the task; see driver.Checkpoints.
 func (c *Checkpoints) Save(ctx context.Context, in driver.CheckpointInput) (cp driver.Checkpoint, ok bool, err error) {
 	var aerr error
 	switch {
@@ -471,6 +472,21 @@ func (c *Checkpoints) Save(ctx context.Context, in driver.CheckpointInput) (cp d
 		return err
 	})
 	return cp, ok, err
+}
+
+// Fence raises the task's fence to token (> 0), so that the store refuses
+// every later save with a smaller token. ok=false: the fence is already
+// greater, so the caller's token is stale. See driver.Checkpoints.
+func (c *Checkpoints) Fence(ctx context.Context, taskID string, token int64) (ok bool, err error) {
+	var aerr error
+	if token <= 0 {
+		aerr = fmt.Errorf("%w: fencing token %d is not positive", ErrInvalidArgument, token)
+	}
+	err = c.s.check(ctx, "checkpoint.fence", taskID, firstErr(ValidateKey(taskID), aerr), func() (err error) {
+		ok, err = c.d.Fence(ctx, taskID, token)
+		return err
+	})
+	return ok, err
 }
 
 // Load returns the checkpoint with this id.

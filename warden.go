@@ -180,8 +180,9 @@ func (s *Store) Migrate(ctx context.Context) error {
 }
 
 // Purge deletes records kept past their expiry: expired cache entries and
-// idempotency records, and lock records idle for at least lockRetention
-// (0 means 24 hours). Lock records are kept after release so that fencing
+// idempotency records, and lock records and checkpoint fence records (of
+// tasks without checkpoints) idle for at least lockRetention (0 means 24
+// hours). Lock records are kept after release so that fencing
 // tokens keep increasing; see docs/design.md.
 func (s *Store) Purge(ctx context.Context, lockRetention time.Duration) (int64, error) {
 	if lockRetention == 0 {

@@ -27,16 +27,18 @@
 // With Options.Lock, Run holds a lock (package lock) on the lock key
 // "checkpoint:" + task id while the task runs (for a task id too long for
 // that, "checkpoint#" + the hex SHA-256 of the task id), so two workers
-// never run the same task at once. Every Save then carries the lease's
-// fencing token, and the store refuses a save when the task already has a
-// checkpoint with a greater token: a worker whose lease was lost (a
-// "zombie") and whose successor has saved gets ErrStale, and cannot
-// overwrite newer progress. The task's context is cancelled as soon as the
-// lease is lost, and Save refuses to write once this process knows the
-// lease is lost. A zombie's save that reaches the store after its
-// successor took the lock but before the successor's first save is not
-// refused by the store (no newer token is there yet); it becomes the
-// newest checkpoint, and the successor's next save supersedes it.
+// never run the same task at once, and fences the task's saves: right
+// after taking the lock, before reading the task's state, Run raises the
+// task's fence in the store to the lease's fencing token
+// (warden.Checkpoints.Fence), and every Save carries that token. The store
+// refuses a save whose token is below the task's fence, so a worker whose
+// lease was lost (a "zombie") gets ErrStale as soon as its successor holds
+// the lock — even before the successor's first save — and cannot
+// overwrite newer progress. The fence outlives the task's checkpoints: a
+// zombie's save that arrives after its successor finished and deleted them
+// is refused too, so the next Run does not resume from a stale state. The
+// task's context is also cancelled as soon as the lease is lost, and Save
+// refuses to write once this process knows the lease is lost.
 package checkpoint
 
 import (
@@ -58,9 +60,10 @@ import (
 var (
 	// ErrNotFound: the task has no checkpoint.
 	ErrNotFound = errors.New("checkpoint: not found")
-	// ErrStale: a save was refused because a newer holder of the task's
-	// lock has saved since (or this process knows its lease is lost). The
-	// error also matches lock.ErrLeaseLost.
+	// ErrStale: a save (or Run's fencing of the task) was refused because
+	// a newer holder of the task's lock has fenced the task since (or
+	// this process knows its lease is lost). The error also matches
+	// lock.ErrLeaseLost.
 	ErrStale = errors.New("checkpoint: stale save refused")
 )
 
@@ -129,8 +132,10 @@ type Options struct {
 // returns an error they stay, so that the next Run of taskID resumes from
 // the last save.
 //
-// With Options.Lock, fn runs under the task's lock with a context that is
-// cancelled when ctx ends or the lease is lost; if the lease was lost, the
+// With Options.Lock, Run fences the task with the lease's token before it
+// loads the newest checkpoint (an error matching ErrStale if a newer token
+// has fenced it already), and fn runs under the task's lock with a context
+// that is cancelled when ctx ends or the lease is lost; if the lease was lost, the
 // returned error matches lock.ErrLeaseLost and the checkpoints are not
 // deleted even if fn returned nil. Panics in fn are not recovered; the
 // lock is released on the way out.
@@ -200,6 +205,19 @@ func Run[T any](ctx context.Context, st *warden.Store, taskID string, fn func(ct
 					"task", taskID, "err", rerr)
 			}
 		}()
+	}
+
+	if cur.lease != nil {
+		// Fence before reading: from here on, saves of holders with older
+		// tokens are refused, so the state read below is not overwritten
+		// by a zombie.
+		ok, err := st.Checkpoints().Fence(runCtx, taskID, cur.token)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("%w: task %q: fenced with a newer token than %d (%w)", ErrStale, taskID, cur.token, lock.ErrLeaseLost)
+		}
 	}
 
 	last, found, err := st.Checkpoints().Latest(runCtx, taskID)
@@ -305,8 +323,8 @@ func (c *Cursor[T]) Token() int64 { return c.token }
 // Save stores state as the task's newest checkpoint with progress (0–100).
 // With Options.Lock it returns an error matching ErrStale (and
 // lock.ErrLeaseLost) if the store refused the save because a newer lease
-// holder has saved, or if the lease is known to be lost; fn should then
-// stop. A failure to delete old checkpoints afterwards is logged, not
+// holder has fenced the task, or if the lease is known to be lost; fn
+// should then stop. A failure to delete old checkpoints afterwards is logged, not
 // returned.
 func (c *Cursor[T]) Save(ctx context.Context, state T, progress float64) error {
 	return c.SaveETA(ctx, state, progress, 0)
@@ -330,7 +348,7 @@ func (c *Cursor[T]) SaveETA(ctx context.Context, state T, progress float64, eta 
 		return err
 	}
 	if !ok {
-		return fmt.Errorf("%w: task %q: a checkpoint with a newer fencing token than %d exists (%w)", ErrStale, c.taskID, c.token, lock.ErrLeaseLost)
+		return fmt.Errorf("%w: task %q: fenced with a newer token than %d (%w)", ErrStale, c.taskID, c.token, lock.ErrLeaseLost)
 	}
 	c.mu.Lock()
 	c.state, c.has, c.last = state, true, cp

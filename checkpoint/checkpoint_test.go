@@ -306,6 +306,98 @@ func TestZombieSaveRefusedAfterTakeover(t *testing.T) {
 	}
 }
 
+// TestFenceClosesZombieWindows: a zombie's late save is refused by the
+// store once its successor holds the lock, before the successor has
+// saved anything, and still after the successor finished and deleted the
+// task's checkpoints.
+func TestFenceClosesZombieWindows(t *testing.T) {
+	ctx := context.Background()
+	sts := stores(t, 2)
+	opts := &checkpoint.Options{Lock: true}
+	const task = "fenced-task"
+
+	aSaved, bDone := make(chan struct{}), make(chan struct{})
+	var aToken int64
+	aRun := make(chan error, 1)
+	go func() {
+		aRun <- checkpoint.Run(ctx, sts[0], task, func(ctx context.Context, cp *checkpoint.Cursor[string]) error {
+			aToken = cp.Token()
+			if err := cp.Save(ctx, "a1", 10); err != nil {
+				return err
+			}
+			close(aSaved)
+			<-bDone
+			return nil
+		}, opts)
+	}()
+	<-aSaved
+	// A's late save goes straight to the store, as a save already on its
+	// way when A's lease ended would: the store alone must refuse it.
+	lateSave := func() (bool, error) {
+		_, ok, err := sts[0].Checkpoints().Save(ctx, driver.CheckpointInput{TaskID: task, Data: []byte(`"a-late"`), Token: aToken})
+		return ok, err
+	}
+
+	if ok, err := sts[1].Locks().ForceRelease(ctx, checkpoint.LockKey(task)); err != nil || !ok {
+		t.Fatalf("ForceRelease = %v, %v", ok, err)
+	}
+	err := checkpoint.Run(ctx, sts[1], task, func(ctx context.Context, cp *checkpoint.Cursor[string]) error {
+		if cp.Token() <= aToken {
+			return fmt.Errorf("B's token %d is not above A's %d", cp.Token(), aToken)
+		}
+		if s, _ := cp.State(); s != "a1" {
+			return fmt.Errorf("B resumed from %q, want a1", s)
+		}
+		// Hole 1: B has not saved yet.
+		if ok, err := lateSave(); err != nil || ok {
+			return fmt.Errorf("A's late save before B's first save: ok=%v err=%v, want refused", ok, err)
+		}
+		if s, _, err := checkpoint.Latest[string](ctx, sts[1], task, nil); err != nil || s != "a1" {
+			return fmt.Errorf("newest checkpoint after the refused save = %q, %v; want a1", s, err)
+		}
+		return cp.Save(ctx, "b1", 100)
+	}, opts)
+	if err != nil {
+		t.Fatalf("B: %v", err)
+	}
+	close(bDone)
+	if err := <-aRun; !errors.Is(err, lock.ErrLeaseLost) {
+		t.Fatalf("A's Run: err = %v, want ErrLeaseLost", err)
+	}
+
+	// Hole 2: B succeeded and deleted the task's checkpoints.
+	if got := sequences(t, sts[0], task); len(got) != 0 {
+		t.Fatalf("checkpoints after B's success = %v, want none", got)
+	}
+	if ok, err := lateSave(); err != nil || ok {
+		t.Fatalf("A's late save after B deleted the checkpoints: ok=%v err=%v, want refused", ok, err)
+	}
+	if _, _, err := checkpoint.Latest[string](ctx, sts[0], task, nil); !errors.Is(err, checkpoint.ErrNotFound) {
+		t.Fatalf("Latest after the refused save: err = %v, want ErrNotFound (the next Run starts afresh)", err)
+	}
+}
+
+// TestRunRefusesStaleToken: a Run whose lease token is below the task's
+// fence stops with ErrStale before reading the task's state.
+func TestRunRefusesStaleToken(t *testing.T) {
+	ctx := context.Background()
+	st := stores(t, 1)[0]
+	if ok, err := st.Checkpoints().Fence(ctx, "ahead", 1<<62); err != nil || !ok {
+		t.Fatalf("Fence = %v, %v", ok, err)
+	}
+	called := false
+	err := checkpoint.Run(ctx, st, "ahead", func(context.Context, *checkpoint.Cursor[int]) error {
+		called = true
+		return nil
+	}, &checkpoint.Options{Lock: true})
+	if !errors.Is(err, checkpoint.ErrStale) || !errors.Is(err, lock.ErrLeaseLost) || called {
+		t.Fatalf("Run with a token below the fence: err = %v, fn called %v; want ErrStale before fn", err, called)
+	}
+	if rec, held, err := st.Locks().Get(ctx, checkpoint.LockKey("ahead")); err != nil || held {
+		t.Fatalf("task lock after the refused Run: %+v held=%v err=%v, want released", rec, held, err)
+	}
+}
+
 func TestLostLeaseCancelsTask(t *testing.T) {
 	ctx := context.Background()
 	sts := stores(t, 2)

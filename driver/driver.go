@@ -78,10 +78,12 @@ type Migrator interface {
 
 // Purger is implemented by stores that keep records past their expiry:
 // released lock records (kept for fencing), expired cache entries,
-// lapsed idempotency records. Purge deletes, in the store's namespace,
-// expired cache and idempotency records and lock records that have been
-// idle (released or expired) for at least lockRetention. It returns the
-// number of records deleted.
+// lapsed idempotency records, checkpoint fence records. Purge deletes, in
+// the store's namespace, expired cache and idempotency records, lock
+// records that have been idle (released or expired) for at least
+// lockRetention, and the fence records of tasks that have no checkpoint
+// and whose fence has not changed for at least lockRetention (see
+// [Checkpoints]). It returns the number of records deleted.
 type Purger interface {
 	Purge(ctx context.Context, lockRetention time.Duration) (int64, error)
 }
@@ -371,7 +373,7 @@ type Idempotency interface {
 type Checkpoint struct {
 	ID       string // CheckpointID(TaskID, Sequence)
 	TaskID   string
-	Sequence int64 // 1, 2, 3, … per task, assigned by the store
+	Sequence int64 // 1, 2, 3, … per task, assigned by the store (see Checkpoints)
 	Time     time.Time
 	Progress float64 // 0–100
 	Data     []byte
@@ -391,13 +393,42 @@ type CheckpointInput struct {
 }
 
 // Checkpoints is the checkpoint driver.
+//
+// Fencing: each task has a fence record, kept by the store apart from the
+// task's checkpoints, that survives Cleanup and DeleteAll. It holds the
+// greatest fencing token ever saved with or fenced for the task (0 at
+// first) and the last sequence assigned to the task (0 at first). A save
+// with a token below the fence is refused, so a zombie lease holder's late
+// save is refused as soon as a newer holder has called Fence — before the
+// newer holder's first save, and after the task's checkpoints have been
+// deleted. Sequences continue from the fence record, so they do not
+// restart and checkpoint ids are not reused after Cleanup or DeleteAll.
+//
+// A store that implements [Purger] may delete the fence record of a task
+// that has no checkpoint and whose fence has not changed for the lock
+// retention, by the same reasoning as for idle lock records: a lock token
+// handed out after that long is greater than any token the fence held
+// (see [TokenBase]), and the task's sequences may then start again at 1.
 type Checkpoints interface {
-	// Save stores a checkpoint with the next sequence of its task, assigned
-	// atomically: concurrent savers never share a sequence. If in.Token > 0
-	// and a checkpoint of the task carries a greater token, the save is
-	// refused (ok=false): a newer lease holder has saved since, so the
-	// caller is a zombie.
+	// Save stores a checkpoint with the task's next sequence: the fence
+	// record's last sequence + 1, assigned atomically (concurrent savers
+	// never share a sequence, and a sequence is not handed out twice while
+	// the fence record is kept). If in.Token > 0
+	// and in.Token is less than the task's fence, the save is refused
+	// (ok=false) and nothing is written: a newer lease holder exists, so
+	// the caller is a zombie. An accepted save raises the fence to
+	// in.Token if that is greater. A save with Token 0 is not fenced (it
+	// neither is refused nor raises the fence) but still takes the next
+	// sequence.
 	Save(ctx context.Context, in CheckpointInput) (cp Checkpoint, ok bool, err error)
+	// Fence raises the task's fence to token (> 0), atomically, if token
+	// is at least the fence (ok=true; an equal token is accepted and
+	// changes nothing), so that every later save with a smaller token is
+	// refused. ok=false if the fence is already greater: the caller's
+	// token is stale. A new lease holder calls it before reading the
+	// task's state. Fence creates the record if the task has none; it
+	// does not create checkpoints, so the task is not listed by Tasks.
+	Fence(ctx context.Context, taskID string, token int64) (ok bool, err error)
 	// Load returns the checkpoint with this id; found=false if absent.
 	Load(ctx context.Context, id string) (cp Checkpoint, found bool, err error)
 	// Latest returns the task's checkpoint with the highest sequence.
@@ -405,11 +436,13 @@ type Checkpoints interface {
 	// List returns the task's checkpoints in increasing numeric sequence.
 	List(ctx context.Context, taskID string) ([]Checkpoint, error)
 	// Cleanup deletes all but the keep newest checkpoints of the task
-	// (keep ≥ 0) and returns how many it deleted.
+	// (keep ≥ 0) and returns how many it deleted. The fence record stays.
 	Cleanup(ctx context.Context, taskID string, keep int) (int64, error)
-	// DeleteAll deletes every checkpoint of the task.
+	// DeleteAll deletes every checkpoint of the task. The fence record
+	// stays.
 	DeleteAll(ctx context.Context, taskID string) (int64, error)
 	// Tasks returns the ids of tasks with checkpoints whose id matches
-	// pattern, sorted.
+	// pattern, sorted. A task with a fence record but no checkpoint is not
+	// listed.
 	Tasks(ctx context.Context, pattern Pattern) ([]string, error)
 }

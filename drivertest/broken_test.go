@@ -216,6 +216,23 @@ var doubles = []double{
 		wrap:  func(b *broken) { b.cps = noTokenGuard{Checkpoints: b.cps} },
 	},
 	{
+		// Fence does nothing: fencing only by the tokens saves carry.
+		name:  "checkpoint-fence-ignored",
+		run:   "^Checkpoints$/^(Fence|FenceConcurrent)$",
+		fails: []string{"Checkpoints/Fence", "Checkpoints/FenceConcurrent"},
+		wrap:  func(b *broken) { b.cps = fenceIgnored{Checkpoints: b.cps} },
+	},
+	{
+		// DeleteAll and Cleanup forget the task's fence and sequence, as
+		// a store that derives both from the kept checkpoints does.
+		name:  "checkpoint-fence-forgotten",
+		run:   "^Checkpoints$/^(FenceSurvivesDeleteAll|SequencesContinue)$",
+		fails: []string{"Checkpoints/FenceSurvivesDeleteAll", "Checkpoints/SequencesContinue"},
+		wrap: func(b *broken) {
+			b.cps = fenceForgotten{Checkpoints: b.cps, purger: b.Store.(driver.Purger)}
+		},
+	},
+	{
 		// Idempotency claim as get-then-set.
 		name:  "idem-get-then-set",
 		run:   "^(Idempotency|MultiProcess)$/^(ConcurrentClaim|Idempotency)$",
@@ -683,6 +700,36 @@ func (c noTokenGuard) Save(ctx context.Context, in driver.CheckpointInput) (driv
 	cp, ok, err := c.Checkpoints.Save(ctx, in)
 	cp.Token = token
 	return cp, ok, err
+}
+
+type fenceIgnored struct{ driver.Checkpoints }
+
+func (c fenceIgnored) Fence(ctx context.Context, task string, token int64) (bool, error) {
+	return true, ctx.Err()
+}
+
+// fenceForgotten drops the fence records of the namespace's tasks without
+// checkpoints (the memory store's Purge with no retention) whenever
+// checkpoints are deleted.
+type fenceForgotten struct {
+	driver.Checkpoints
+	purger driver.Purger
+}
+
+func (c fenceForgotten) DeleteAll(ctx context.Context, task string) (int64, error) {
+	n, err := c.Checkpoints.DeleteAll(ctx, task)
+	if err == nil {
+		_, err = c.purger.Purge(ctx, 0)
+	}
+	return n, err
+}
+
+func (c fenceForgotten) Cleanup(ctx context.Context, task string, keep int) (int64, error) {
+	n, err := c.Checkpoints.Cleanup(ctx, task, keep)
+	if err == nil {
+		_, err = c.purger.Purge(ctx, 0)
+	}
+	return n, err
 }
 
 // ---------------------------------------------------------------------------

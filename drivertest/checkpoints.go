@@ -1,10 +1,13 @@
 package drivertest
 
 import (
+	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
 )
 
@@ -17,6 +20,10 @@ func (s *suite) checkpoints(t *testing.T) {
 		{"DeleteAll", s.cpDeleteAll},
 		{"Tasks", s.cpTasks},
 		{"TokenGuard", s.cpTokenGuard},
+		{"Fence", s.cpFence},
+		{"FenceSurvivesDeleteAll", s.cpFenceSurvivesDeleteAll},
+		{"SequencesContinue", s.cpSequencesContinue},
+		{"FenceConcurrent", s.cpFenceConcurrent},
 		{"Values", s.cpValues},
 	})
 }
@@ -374,6 +381,227 @@ func (s *suite) cpTokenGuard(t *testing.T) {
 	}
 	if cp, ok, err := c.Save(ctx, driver.CheckpointInput{TaskID: "other", Token: 1}); err != nil || !ok || cp.Sequence != 1 {
 		t.Errorf("Save with token 1 to another task: ok=%v err=%v: tokens are per task", ok, err)
+	}
+}
+
+// cpFence: Fence raises the task's fence without a checkpoint carrying the
+// token, so that older-token saves are refused before the new holder has
+// saved; a smaller token is stale, an equal one accepted.
+func (s *suite) cpFence(t *testing.T) {
+	ctx := testCtx(t)
+	st, _ := s.open(t)
+	c := st.Checkpoints()
+	const task = "fence"
+	save := func(token int64, want bool) {
+		t.Helper()
+		cp, ok, err := c.Save(ctx, driver.CheckpointInput{TaskID: task, Token: token, Data: []byte(fmt.Sprint(token))})
+		fatalIf(t, "Save", err)
+		if ok != want {
+			t.Errorf("Save with token %d: ok=%v, want %v", token, ok, want)
+		}
+		if ok && cp.Token != token {
+			t.Errorf("saved checkpoint carries token %d, want %d", cp.Token, token)
+		}
+	}
+	fence := func(token int64, want bool) {
+		t.Helper()
+		ok, err := c.Fence(ctx, task, token)
+		fatalIf(t, "Fence", err)
+		if ok != want {
+			t.Errorf("Fence with token %d: ok=%v, want %v", token, ok, want)
+		}
+	}
+	save(5, true)
+	fence(10, true) // a new holder, before its first save
+	save(7, false)  // the zombie's late save: no checkpoint carries 10
+	save(5, false)
+	fence(9, false) // a stale holder
+	fence(10, true) // the holder again
+	save(10, true)
+	save(0, true) // unfenced
+	fence(12, true)
+	save(11, false)
+	save(12, true)
+	list, err := c.List(ctx, task)
+	fatalIf(t, "List", err)
+	var tokens []int64
+	for _, cp := range list {
+		tokens = append(tokens, cp.Token)
+	}
+	if fmt.Sprint(tokens) != "[5 10 0 12]" {
+		t.Errorf("stored tokens %v, want [5 10 0 12]: refused saves must write nothing", tokens)
+	}
+	wantSequences(t, "List", list, 1, 2, 3, 4)
+
+	// A task fenced before any save: not listed, saves below refused,
+	// sequences start at 1.
+	const fresh = "fence-first"
+	if ok, err := c.Fence(ctx, fresh, 3); err != nil || !ok {
+		t.Errorf("Fence of a new task: ok=%v err=%v, want ok", ok, err)
+	}
+	tasks, err := c.Tasks(ctx, "fence-*")
+	fatalIf(t, "Tasks", err)
+	sameKeys(t, "Tasks after Fence alone", tasks, []string{})
+	if _, ok, err := c.Save(ctx, driver.CheckpointInput{TaskID: fresh, Token: 2}); err != nil || ok {
+		t.Errorf("Save with token 2 after Fence 3: ok=%v err=%v, want refused", ok, err)
+	}
+	if cp, ok, err := c.Save(ctx, driver.CheckpointInput{TaskID: fresh, Token: 3}); err != nil || !ok || cp.Sequence != 1 {
+		t.Errorf("Save with token 3 after Fence 3: sequence %d ok=%v err=%v, want sequence 1", cp.Sequence, ok, err)
+	}
+	if cp, ok, err := c.Save(ctx, driver.CheckpointInput{TaskID: "fence-other", Token: 1}); err != nil || !ok || cp.Sequence != 1 {
+		t.Errorf("Save with token 1 to another task: ok=%v err=%v: fences are per task", ok, err)
+	}
+	for _, token := range []int64{0, -1} {
+		if _, err := c.Fence(ctx, task, token); !errors.Is(err, warden.ErrInvalidArgument) {
+			t.Errorf("Fence with token %d: err=%v, want ErrInvalidArgument", token, err)
+		}
+	}
+}
+
+// cpFenceSurvivesDeleteAll: the fence outlives the task's checkpoints, so
+// a zombie's late save after a successful run deleted them is refused.
+func (s *suite) cpFenceSurvivesDeleteAll(t *testing.T) {
+	ctx := testCtx(t)
+	st, _ := s.open(t)
+	c := st.Checkpoints()
+	const task = "finished"
+	for range 2 {
+		if _, ok, err := c.Save(ctx, driver.CheckpointInput{TaskID: task, Token: 5}); err != nil || !ok {
+			t.Fatalf("Save with token 5: ok=%v err=%v", ok, err)
+		}
+	}
+	if n, err := c.DeleteAll(ctx, task); err != nil || n != 2 {
+		t.Fatalf("DeleteAll: %d err=%v, want 2", n, err)
+	}
+	if _, ok, err := c.Save(ctx, driver.CheckpointInput{TaskID: task, Token: 4}); err != nil || ok {
+		t.Errorf("Save with token 4 after DeleteAll of token-5 checkpoints: ok=%v err=%v, want refused", ok, err)
+	}
+	if cps, err := c.List(ctx, task); err != nil || len(cps) != 0 {
+		t.Errorf("List after a refused save: %d checkpoints err=%v, want none", len(cps), err)
+	}
+	if _, ok, err := c.Save(ctx, driver.CheckpointInput{TaskID: task, Token: 5}); err != nil || !ok {
+		t.Errorf("Save with token 5 after DeleteAll: ok=%v err=%v, want accepted", ok, err)
+	}
+	// Cleanup keeping none forgets no more than DeleteAll.
+	const cleaned = "cleaned"
+	if ok, err := c.Fence(ctx, cleaned, 7); err != nil || !ok {
+		t.Fatalf("Fence: ok=%v err=%v", ok, err)
+	}
+	if _, ok, err := c.Save(ctx, driver.CheckpointInput{TaskID: cleaned, Token: 7}); err != nil || !ok {
+		t.Fatalf("Save with token 7: ok=%v err=%v", ok, err)
+	}
+	if _, err := c.Cleanup(ctx, cleaned, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := c.Save(ctx, driver.CheckpointInput{TaskID: cleaned, Token: 6}); err != nil || ok {
+		t.Errorf("Save with token 6 after Cleanup of token-7 checkpoints: ok=%v err=%v, want refused", ok, err)
+	}
+	if ok, err := c.Fence(ctx, cleaned, 6); err != nil || ok {
+		t.Errorf("Fence with token 6 after Cleanup: ok=%v err=%v, want stale", ok, err)
+	}
+}
+
+// cpSequencesContinue: sequences continue after DeleteAll and Cleanup, so
+// checkpoint ids are never reused; Fence takes no sequence.
+func (s *suite) cpSequencesContinue(t *testing.T) {
+	ctx := testCtx(t)
+	st, _ := s.open(t)
+	c := st.Checkpoints()
+	const task = "again"
+	save := func(want int64) {
+		t.Helper()
+		cp, ok, err := c.Save(ctx, driver.CheckpointInput{TaskID: task, Data: []byte(fmt.Sprint(want))})
+		fatalIf(t, "Save", err)
+		if !ok || cp.Sequence != want || cp.ID != driver.CheckpointID(task, want) {
+			t.Errorf("Save: sequence %d id %q ok=%v, want sequence %d", cp.Sequence, cp.ID, ok, want)
+		}
+	}
+	save(1)
+	save(2)
+	save(3)
+	if _, err := c.DeleteAll(ctx, task); err != nil {
+		t.Fatal(err)
+	}
+	save(4)
+	if _, found, err := c.Load(ctx, driver.CheckpointID(task, 1)); err != nil || found {
+		t.Errorf("Load of a deleted id: found=%v err=%v", found, err)
+	}
+	if _, err := c.Cleanup(ctx, task, 0); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := c.Fence(ctx, task, 9); err != nil || !ok {
+		t.Errorf("Fence: ok=%v err=%v", ok, err)
+	}
+	save(5)
+	list, err := c.List(ctx, task)
+	fatalIf(t, "List", err)
+	wantSequences(t, "List", list, 5)
+	if len(list) == 1 && string(list[0].Data) != "5" {
+		t.Errorf("checkpoint %s holds %q, want the last save's", list[0].ID, list[0].Data)
+	}
+}
+
+// cpFenceConcurrent: with the fence raised to 100 first, concurrent
+// workers with older tokens are refused (Fence and every Save) while
+// workers with a newer token are accepted, with distinct sequences.
+func (s *suite) cpFenceConcurrent(t *testing.T) {
+	ctx := testCtx(t)
+	st, _ := s.open(t)
+	c := st.Checkpoints()
+	const task = "contended"
+	const workers, saves = 8, 10
+	if ok, err := c.Fence(ctx, task, 100); err != nil || !ok {
+		t.Fatalf("Fence 100: ok=%v err=%v", ok, err)
+	}
+	var errs errList
+	var mu sync.Mutex
+	seqs := map[int64]int64{} // sequence → token
+	accepted := 0
+	parallel(workers, func(g int) {
+		token := int64(50 + g) // zombies: distinct tokens below the fence
+		if g%2 == 1 {
+			token = 150 // the new holder's processes
+		}
+		ok, err := c.Fence(ctx, task, token)
+		if err != nil {
+			errs.add("Fence %d: %v", token, err)
+			return
+		}
+		if ok != (token > 100) {
+			errs.add("Fence %d after Fence 100: ok=%v", token, ok)
+		}
+		for i := range saves {
+			cp, ok, err := c.Save(ctx, driver.CheckpointInput{TaskID: task, Token: token, Data: []byte(fmt.Sprintf("%d/%d", g, i))})
+			if err != nil {
+				errs.add("Save %d: %v", token, err)
+				continue
+			}
+			if ok != (token > 100) {
+				errs.add("Save with token %d after Fence 100: ok=%v", token, ok)
+			}
+			if !ok {
+				continue
+			}
+			mu.Lock()
+			if prev, dup := seqs[cp.Sequence]; dup {
+				errs.add("sequence %d handed to tokens %d and %d", cp.Sequence, prev, token)
+			}
+			seqs[cp.Sequence] = token
+			accepted++
+			mu.Unlock()
+		}
+	})
+	errs.report(t, "concurrent Fence and Save")
+	list, err := c.List(ctx, task)
+	fatalIf(t, "List", err)
+	wantSequences(t, "List", list, seqRange(1, int64(accepted))...)
+	for _, cp := range list {
+		if cp.Token != 150 {
+			t.Errorf("checkpoint %s carries token %d below the fence", cp.ID, cp.Token)
+		}
+	}
+	if _, ok, err := c.Save(ctx, driver.CheckpointInput{TaskID: task, Token: 120}); err != nil || ok {
+		t.Errorf("Save with token 120 after saves with 150: ok=%v err=%v, want refused", ok, err)
 	}
 }
 

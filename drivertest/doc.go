@@ -2,7 +2,8 @@
 // against its real server. It checks, through the checked entry points of
 // [warden.Store], every guarantee the driver contract (package driver) and
 // the design make: mutual exclusion and fencing of locks, lossless circuit
-// counting, atomic cache and idempotency primitives, checkpoint sequences,
+// counting, atomic cache and idempotency primitives, checkpoint sequences
+// and fences,
 // millisecond TTLs, hostile keys and patterns, namespace isolation,
 // lifecycle and context handling, notifications across connections, and
 // exclusion across OS processes.

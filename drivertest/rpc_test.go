@@ -392,6 +392,10 @@ func (c rpcCheckpoints) Save(ctx context.Context, in driver.CheckpointInput) (cp
 	err = c.s.do(ctx, "Checkpoints.Save", in)(&cp, &ok)
 	return
 }
+func (c rpcCheckpoints) Fence(ctx context.Context, task string, token int64) (ok bool, err error) {
+	err = c.s.do(ctx, "Checkpoints.Fence", task, token)(&ok)
+	return
+}
 func (c rpcCheckpoints) Load(ctx context.Context, id string) (cp driver.Checkpoint, ok bool, err error) {
 	err = c.s.do(ctx, "Checkpoints.Load", id)(&cp, &ok)
 	return

@@ -3,6 +3,7 @@ package memory
 import (
 	"context"
 	"sort"
+	"time"
 
 	"github.com/warden-go/warden/driver"
 )
@@ -14,14 +15,34 @@ func cpCopy(cp driver.Checkpoint) driver.Checkpoint {
 }
 
 // checkpoints is the store's checkpoint driver. A task's checkpoints are
-// kept in sequence order; the next sequence is one more than the highest
-// kept (1 for a task without checkpoints).
+// kept in sequence order; its fence record (space.fences) holds the
+// greatest token saved or fenced and the last sequence assigned, and
+// outlives the checkpoints.
 type checkpoints store
 
 func (c *checkpoints) s() *store { return (*store)(c) }
 
-// Save stores a checkpoint with the task's next sequence, unless a kept
-// checkpoint carries a greater fencing token than in.Token (> 0).
+// fence is a task's fence record.
+type fence struct {
+	token     int64     // the greatest token saved or fenced
+	lastSeq   int64     // the last sequence assigned
+	updatedAt time.Time // when token or lastSeq last changed
+}
+
+// fenceOf returns the task's fence record, creating an empty one; db.mu is
+// held. A task with checkpoints always has a record: Purge deletes only
+// the records of tasks without checkpoints.
+func fenceOf(sp *space, taskID string) *fence {
+	f := sp.fences[taskID]
+	if f == nil {
+		f = &fence{}
+		sp.fences[taskID] = f
+	}
+	return f
+}
+
+// Save stores a checkpoint with the task's next sequence, unless in.Token
+// (> 0) is below the task's fence.
 func (c *checkpoints) Save(ctx context.Context, in driver.CheckpointInput) (driver.Checkpoint, bool, error) {
 	s := c.s()
 	if err := s.checkValue(in.Data); err != nil {
@@ -32,18 +53,14 @@ func (c *checkpoints) Save(ctx context.Context, in driver.CheckpointInput) (driv
 		return driver.Checkpoint{}, false, err
 	}
 	defer s.end()
-	cps := sp.tasks[in.TaskID]
-	var seq int64 = 1
-	if n := len(cps); n > 0 {
-		seq = cps[n-1].Sequence + 1
+	f := fenceOf(sp, in.TaskID)
+	if in.Token > 0 && in.Token < f.token {
+		return driver.Checkpoint{}, false, nil
 	}
-	if in.Token > 0 {
-		for _, cp := range cps {
-			if cp.Token > in.Token {
-				return driver.Checkpoint{}, false, nil
-			}
-		}
-	}
+	f.token = max(f.token, in.Token)
+	f.lastSeq++
+	f.updatedAt = now
+	seq := f.lastSeq
 	cp := driver.Checkpoint{
 		ID:       driver.CheckpointID(in.TaskID, seq),
 		TaskID:   in.TaskID,
@@ -54,8 +71,27 @@ func (c *checkpoints) Save(ctx context.Context, in driver.CheckpointInput) (driv
 		ETA:      in.ETA,
 		Token:    in.Token,
 	}
-	sp.tasks[in.TaskID] = append(cps, cp)
+	sp.tasks[in.TaskID] = append(sp.tasks[in.TaskID], cp)
 	return cpCopy(cp), true, nil
+}
+
+// Fence raises the task's fence to token if token is at least the fence.
+func (c *checkpoints) Fence(ctx context.Context, taskID string, token int64) (bool, error) {
+	s := c.s()
+	sp, now, err := s.begin(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer s.end()
+	f := fenceOf(sp, taskID)
+	if token < f.token {
+		return false, nil
+	}
+	if token > f.token || f.updatedAt.IsZero() {
+		f.token = token
+		f.updatedAt = now
+	}
+	return true, nil
 }
 
 // find returns the index of the task's checkpoint with seq, or -1.

@@ -23,7 +23,10 @@
 // The clock is the process's clock (time.Now), truncated to milliseconds,
 // in UTC. Lock records are kept after release so that fencing tokens keep
 // increasing: a record starts at driver.TokenBase of its creation time and
-// each new holding adds one. Purge deletes idle lock records after a
+// each new holding adds one. Each task has a fence record (its greatest
+// fencing token and last checkpoint sequence) that outlives its
+// checkpoints, so sequences continue after DeleteAll. Purge deletes idle
+// lock records and idle fence records of tasks without checkpoints after a
 // retention, and expired cache entries and idempotency records.
 package memory
 
@@ -175,6 +178,7 @@ type space struct {
 	cache    map[string]*cacheRec
 	idem     map[string]*driver.IdemRecord
 	tasks    map[string][]driver.Checkpoint // by task id, in sequence order
+	fences   map[string]*fence              // by task id; outlive the checkpoints
 }
 
 // space returns the namespace's records, creating them; db.mu must be held.
@@ -187,6 +191,7 @@ func (db *database) space(prefix string) *space {
 			cache:    map[string]*cacheRec{},
 			idem:     map[string]*driver.IdemRecord{},
 			tasks:    map[string][]driver.Checkpoint{},
+			fences:   map[string]*fence{},
 		}
 		db.spaces[prefix] = sp
 	}
@@ -305,8 +310,10 @@ func clone(b []byte) []byte {
 	return append(make([]byte, 0, len(b)), b...)
 }
 
-// purge deletes expired cache and idempotency records and lock records
-// idle for at least lockRetention; db.mu is held.
+// purge deletes expired cache and idempotency records, lock records idle
+// for at least lockRetention and the fence records of tasks without
+// checkpoints whose fence has not changed for lockRetention; db.mu is
+// held.
 func purge(sp *space, now time.Time, lockRetention time.Duration) int64 {
 	var n int64
 	for key, r := range sp.cache {
@@ -328,12 +335,19 @@ func purge(sp *space, now time.Time, lockRetention time.Duration) int64 {
 			n++
 		}
 	}
+	for task, f := range sp.fences {
+		if len(sp.tasks[task]) == 0 && !f.updatedAt.After(cutoff) {
+			delete(sp.fences, task)
+			n++
+		}
+	}
 	return n
 }
 
 // Purge deletes, in the store's namespace, expired cache entries and
-// idempotency records and lock records idle (released or expired) for at
-// least lockRetention.
+// idempotency records, lock records idle (released or expired) for at
+// least lockRetention, and the fence records of tasks that have no
+// checkpoint and whose fence has not changed for lockRetention.
 func (s *store) Purge(ctx context.Context, lockRetention time.Duration) (int64, error) {
 	sp, now, err := s.begin(ctx)
 	if err != nil {

@@ -235,6 +235,42 @@ func TestPurge(t *testing.T) {
 	}
 }
 
+// TestPurgeFences: Purge deletes the fence records of tasks without
+// checkpoints once idle for the retention; the fence of a task with
+// checkpoints stays.
+func TestPurgeFences(t *testing.T) {
+	ctx := context.Background()
+	st := New(nil)
+	defer st.Close()
+	cps := st.Checkpoints()
+	if ok, err := cps.Fence(ctx, "idle", 9); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	if _, ok, err := cps.Save(ctx, driver.CheckpointInput{TaskID: "busy", Token: 9}); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	if n, err := st.Purge(ctx, time.Hour); err != nil || n != 0 {
+		t.Errorf("Purge(1h) = %d, %v; want 0", n, err)
+	}
+	if _, ok, err := cps.Save(ctx, driver.CheckpointInput{TaskID: "idle", Token: 8}); err != nil || ok {
+		t.Errorf("save below a fence not yet purged: ok=%v err=%v", ok, err)
+	}
+	waitFor(t, func() bool {
+		n, err := st.Purge(ctx, time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	})
+	// The idle fence is gone: the task starts afresh.
+	if cp, ok, err := cps.Save(ctx, driver.CheckpointInput{TaskID: "idle", Token: 8}); err != nil || !ok || cp.Sequence != 1 {
+		t.Errorf("save after the fence was purged: %+v ok=%v err=%v, want sequence 1", cp, ok, err)
+	}
+	if ok, err := cps.Fence(ctx, "busy", 8); err != nil || ok {
+		t.Errorf("fence of a task with checkpoints purged: Fence(8) ok=%v err=%v", ok, err)
+	}
+}
+
 func TestCopies(t *testing.T) {
 	ctx := context.Background()
 	st := New(nil)

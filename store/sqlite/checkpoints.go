@@ -38,8 +38,9 @@ func (c checkpoints) scan(r rowScanner) (driver.Checkpoint, error) {
 	}, nil
 }
 
-// Save implements driver.Checkpoints in one INSERT … SELECT that computes
-// the next sequence and checks the fencing token under SQLite's write lock.
+// Save implements driver.Checkpoints in one IMMEDIATE transaction: the
+// upsert of the task's fence row decides whether the save is refused and
+// assigns the sequence, then the checkpoint is inserted.
 func (c checkpoints) Save(ctx context.Context, in driver.CheckpointInput) (driver.Checkpoint, bool, error) {
 	s := c.s
 	var cp driver.Checkpoint
@@ -48,20 +49,54 @@ func (c checkpoints) Save(ctx context.Context, in driver.CheckpointInput) (drive
 	if in.ETA > 0 {
 		eta = driver.Millis(in.ETA)
 	}
-	err := s.write(ctx, func() error {
-		r, err := c.scan(s.queryRow(ctx, nil, s.q.cpSave,
-			sql.Named("task", s.cfg.prefix+in.TaskID), sql.Named("now", nowMs()), sql.Named("progress", in.Progress),
+	task := s.cfg.prefix + in.TaskID
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		cp, ok = driver.Checkpoint{}, false
+		now := nowMs()
+		var seq int64
+		err := s.queryRow(ctx, tx, s.q.cpFenceSave,
+			sql.Named("task", task), sql.Named("token", in.Token), sql.Named("now", now)).Scan(&seq)
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil // refused: the token is below the fence
+		}
+		if err != nil {
+			return err
+		}
+		r, err := c.scan(s.queryRow(ctx, tx, s.q.cpInsert,
+			sql.Named("task", task), sql.Named("seq", seq), sql.Named("now", now), sql.Named("progress", in.Progress),
 			sql.Named("data", nonNil(in.Data)), sql.Named("eta", eta), sql.Named("token", in.Token)))
+		if err != nil {
+			return err
+		}
+		cp, ok = r, true
+		return nil
+	})
+	if err != nil {
+		return driver.Checkpoint{}, false, err
+	}
+	return cp, ok, nil
+}
+
+// Fence implements driver.Checkpoints in one upsert of the task's fence
+// row.
+func (c checkpoints) Fence(ctx context.Context, taskID string, token int64) (bool, error) {
+	s := c.s
+	var ok bool
+	err := s.write(ctx, func() error {
+		var one int
+		err := s.queryRow(ctx, nil, s.q.cpFence,
+			sql.Named("task", s.cfg.prefix+taskID), sql.Named("token", token), sql.Named("now", nowMs())).Scan(&one)
 		switch {
 		case err == nil:
-			cp, ok = r, true
+			ok = true
 		case errors.Is(err, sql.ErrNoRows):
+			ok = false
 		default:
 			return err
 		}
 		return nil
 	})
-	return cp, ok, err
+	return ok, err
 }
 
 // Load implements driver.Checkpoints.

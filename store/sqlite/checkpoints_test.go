@@ -155,3 +155,97 @@ func TestCheckpointConcurrentSavers(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckpointFenceMigration opens a database made before the fence
+// table existed: opening creates it, and tasks that already have
+// checkpoints continue from their highest sequence and token. Checkpoints
+// inserted by another program without a fence row do not collide.
+func TestCheckpointFenceMigration(t *testing.T) {
+	ctx := context.Background()
+	st, path := openTest(t, &Options{Prefix: "ns:"})
+	cp := st.Checkpoints()
+	for _, token := range []int64{5, 5, 0} {
+		if _, ok, err := cp.Save(ctx, driver.CheckpointInput{TaskID: "t", Token: token}); err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+	}
+	db := st.Driver().(*store).db
+	if _, err := db.Exec(`DROP TABLE go_goscope_checkpoint_tasks`); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+
+	st = openAt(t, path, &Options{Prefix: "ns:"})
+	cp = st.Checkpoints()
+	db = st.Driver().(*store).db
+	var n int
+	if err := db.QueryRow(`SELECT count(*) FROM go_goscope_checkpoint_tasks`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("fence table after migration: %d rows, %v", n, err)
+	}
+	if _, ok, err := cp.Save(ctx, driver.CheckpointInput{TaskID: "t", Token: 4}); err != nil || ok {
+		t.Fatalf("save below the kept checkpoints' token after migration: ok=%v err=%v", ok, err)
+	}
+	if ok, err := cp.Fence(ctx, "t", 4); err != nil || ok {
+		t.Fatalf("Fence below the kept checkpoints' token after migration: ok=%v err=%v", ok, err)
+	}
+	c, ok, err := cp.Save(ctx, driver.CheckpointInput{TaskID: "t", Token: 5})
+	if err != nil || !ok || c.Sequence != 4 {
+		t.Fatalf("save after migration: %+v ok=%v err=%v, want sequence 4", c, ok, err)
+	}
+	var fence, last int64
+	if err := db.QueryRow(`SELECT fence_token, last_sequence FROM go_goscope_checkpoint_tasks WHERE namespace = 'ns:' AND task_id = 'ns:t'`).Scan(&fence, &last); err != nil || fence != 5 || last != 4 {
+		t.Fatalf("fence row: token %d last sequence %d, %v; want 5 and 4", fence, last, err)
+	}
+
+	// Another program appends sequence 10 without touching the fence row.
+	if _, err := db.Exec(`INSERT INTO go_goscope_checkpoints (namespace, id, task_id, sequence, timestamp, progress, data, token)
+		VALUES ('ns:', 'ns:t:10', 'ns:t', 10, 0, 0, x'', 0)`); err != nil {
+		t.Fatal(err)
+	}
+	if c, ok, err := cp.Save(ctx, driver.CheckpointInput{TaskID: "t", Token: 5}); err != nil || !ok || c.Sequence != 11 {
+		t.Fatalf("save after a foreign checkpoint: %+v ok=%v err=%v, want sequence 11", c, ok, err)
+	}
+}
+
+// TestCheckpointFencePurge: Purge deletes the fence rows of tasks without
+// checkpoints once idle for the retention, and no other.
+func TestCheckpointFencePurge(t *testing.T) {
+	ctx := context.Background()
+	st, path := openTest(t, &Options{Prefix: "p:", Tables: Tables{CheckpointTasks: "my_fences"}})
+	other := openAt(t, path, &Options{Prefix: "q:", Tables: Tables{CheckpointTasks: "my_fences"}})
+	cp := st.Checkpoints()
+	if ok, err := cp.Fence(ctx, "idle", 9); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	if ok, err := other.Checkpoints().Fence(ctx, "idle", 9); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	if _, ok, err := cp.Save(ctx, driver.CheckpointInput{TaskID: "busy", Token: 9}); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	db := st.Driver().(*store).db
+	count := func(ns string) int {
+		t.Helper()
+		var n int
+		if err := db.QueryRow(`SELECT count(*) FROM my_fences WHERE namespace = ?`, ns).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n, p := count("p:"), count("q:"); n != 2 || p != 1 {
+		t.Fatalf("fence rows %d and %d, want 2 and 1", n, p)
+	}
+	if n, err := st.Purge(ctx, time.Hour); err != nil || n != 0 || count("p:") != 2 {
+		t.Fatalf("Purge(1h) = %d, %v; %d fence rows left, want none purged", n, err, count("p:"))
+	}
+	time.Sleep(5 * time.Millisecond) // let the fences become idle for 1 ms
+	if n, err := st.Purge(ctx, time.Millisecond); err != nil || n != 1 {
+		t.Fatalf("Purge(1ms) = %d, %v; want 1 (the idle fence)", n, err)
+	}
+	if n, p := count("p:"), count("q:"); n != 1 || p != 1 {
+		t.Fatalf("after Purge: fence rows %d and %d, want 1 (the task with a checkpoint) and 1 (other namespace)", n, p)
+	}
+	if ok, err := cp.Fence(ctx, "busy", 8); err != nil || ok {
+		t.Fatalf("fence of a task with checkpoints forgotten by Purge: ok=%v err=%v", ok, err)
+	}
+}

@@ -17,15 +17,15 @@ type queries struct {
 	idemGet, idemGetAny, idemInsert, idemReclaim, idemRenew, idemExtend, idemComplete,
 	idemAbandon, idemSet, idemDelete, idemList string
 
-	cpSave, cpLoad, cpLatest, cpList, cpCleanup, cpDeleteAll, cpTasks string
+	cpFenceSave, cpInsert, cpFence, cpLoad, cpLatest, cpList, cpCleanup, cpDeleteAll, cpTasks string
 
-	purgeCache, purgeIdem, purgeLocks, purgeEvents string
+	purgeCache, purgeIdem, purgeLocks, purgeFences, purgeEvents string
 
 	evSeq, evRead string
 }
 
-// sub replaces the table placeholders {L} {C} {K} {I} {P} {E} by the quoted
-// table names.
+// sub replaces the table placeholders {L} {C} {K} {I} {P} {F} {E} by the
+// quoted table names.
 func sub(c config, s string) string {
 	return strings.NewReplacer(
 		"{L}", quote(c.locks),
@@ -33,6 +33,7 @@ func sub(c config, s string) string {
 		"{K}", quote(c.cache),
 		"{I}", quote(c.idempotency),
 		"{P}", quote(c.checkpoints),
+		"{F}", quote(c.cpTasks),
 		"{E}", quote(c.events),
 	).Replace(s)
 }
@@ -179,13 +180,38 @@ ON CONFLICT (namespace, key) DO UPDATE SET status = 'completed', owner = NULL, f
 	q.idemList = sub(c, `SELECT `+idemCols+` FROM {I} WHERE namespace = ? AND %s AND key GLOB ? AND (expires_at IS NULL OR expires_at > ?) ORDER BY key`)
 
 	// ----- checkpoints
-	// The next sequence and the fencing check are decided inside the
-	// insert, under SQLite's write lock.
-	q.cpSave = sub(c, `INSERT INTO {P} (namespace, id, task_id, sequence, timestamp, progress, data, estimated_time_remaining, token)
-SELECT :ns, :task || ':' || (COALESCE(m.seq, 0) + 1), :task, COALESCE(m.seq, 0) + 1, :now, :progress, :data, :eta, :token
-FROM (SELECT max(sequence) AS seq, max(token) AS tok FROM {P} WHERE namespace = :ns AND task_id = :task) AS m
-WHERE :token = 0 OR COALESCE(m.tok, 0) <= :token
+	// A save first updates the task's fence row — refused when the token
+	// is below the fence, else raising the fence and taking the next
+	// sequence — then inserts the checkpoint, in one IMMEDIATE
+	// transaction. A task without a fence row starts from its
+	// checkpoints' highest sequence and token (m), and the sequence never
+	// falls behind a checkpoint written by another program either. The
+	// SELECT's WHERE clause also keeps SQLite from reading ON CONFLICT as
+	// a join constraint.
+	cpMax := `(SELECT
+	COALESCE((SELECT sequence FROM {P} WHERE namespace = :ns AND task_id = :task ORDER BY sequence DESC LIMIT 1), 0) AS seq,
+	COALESCE((SELECT max(token) FROM {P} WHERE namespace = :ns AND task_id = :task), 0) AS tok) AS m`
+	q.cpFenceSave = sub(c, `INSERT INTO {F} (namespace, task_id, fence_token, last_sequence, updated_at)
+SELECT :ns, :task, max(:token, m.tok), m.seq + 1, :now FROM `+cpMax+`
+WHERE :token = 0 OR :token >= m.tok
+ON CONFLICT (namespace, task_id) DO UPDATE SET
+	fence_token = max({F}.fence_token, :token),
+	last_sequence = max({F}.last_sequence + 1, excluded.last_sequence),
+	updated_at = :now
+WHERE :token = 0 OR :token >= {F}.fence_token
+RETURNING last_sequence`)
+	q.cpInsert = sub(c, `INSERT INTO {P} (namespace, id, task_id, sequence, timestamp, progress, data, estimated_time_remaining, token)
+VALUES (:ns, :task || ':' || :seq, :task, :seq, :now, :progress, :data, :eta, :token)
 RETURNING `+cpCols)
+	// Fence raises the fence (an equal token changes nothing).
+	q.cpFence = sub(c, `INSERT INTO {F} (namespace, task_id, fence_token, last_sequence, updated_at)
+SELECT :ns, :task, :token, m.seq, :now FROM `+cpMax+`
+WHERE :token >= m.tok
+ON CONFLICT (namespace, task_id) DO UPDATE SET
+	fence_token = :token,
+	updated_at = CASE WHEN :token > {F}.fence_token THEN :now ELSE {F}.updated_at END
+WHERE :token >= {F}.fence_token
+RETURNING 1`)
 	q.cpLoad = sub(c, `SELECT `+cpCols+` FROM {P} WHERE namespace = :ns AND task_id = :task AND sequence = :seq`)
 	q.cpLatest = sub(c, `SELECT `+cpCols+` FROM {P} WHERE namespace = :ns AND task_id = :task ORDER BY sequence DESC LIMIT 1`)
 	q.cpList = sub(c, `SELECT `+cpCols+` FROM {P} WHERE namespace = :ns AND task_id = :task ORDER BY sequence`)
@@ -200,6 +226,10 @@ RETURNING `+cpCols)
 	// A released holding's expires_at is its release time, so expires_at
 	// is when every idle record became idle.
 	q.purgeLocks = sub(c, `DELETE FROM {L} WHERE namespace = ? AND %s AND expires_at <= ?`)
+	// A fence row goes once its task has no checkpoint and its fence has
+	// not changed for the lock retention.
+	q.purgeFences = sub(c, `DELETE FROM {F} WHERE namespace = ? AND %s AND updated_at <= ?
+	AND NOT EXISTS (SELECT 1 FROM {P} WHERE {P}.namespace = {F}.namespace AND {P}.task_id = {F}.task_id)`)
 	q.purgeEvents = sub(c, `DELETE FROM {E} WHERE at < ?`)
 
 	// ----- events

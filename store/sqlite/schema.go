@@ -52,7 +52,7 @@ func quote(name string) string { return `"` + name + `"` }
 const nsDecl = "TEXT NOT NULL DEFAULT ''"
 
 func newLayout(c config) layout {
-	L, C, K, I, P, E := c.locks, c.circuits, c.cache, c.idempotency, c.checkpoints, c.events
+	L, C, K, I, P, F, E := c.locks, c.circuits, c.cache, c.idempotency, c.checkpoints, c.cpTasks, c.events
 	var l layout
 	l.tables = []tableDef{
 		{name: L, unique: "namespace,key", suffix: "PRIMARY KEY (namespace, key)", cols: []column{
@@ -107,6 +107,18 @@ func newLayout(c config) layout {
 			{"data", "BLOB", "BLOB"},
 			{"estimated_time_remaining", "INTEGER", "INTEGER"},
 			{"token", "INTEGER NOT NULL DEFAULT 0", "INTEGER NOT NULL DEFAULT 0"},
+		}},
+		// One row per task: its checkpoint fence, which outlives the
+		// task's checkpoints. A task with checkpoints but no row (a
+		// database from before this table, or checkpoints written by
+		// another program) starts from its checkpoints' highest sequence
+		// and token: the statements that create a row read them.
+		{name: F, unique: "namespace,task_id", suffix: "PRIMARY KEY (namespace, task_id)", cols: []column{
+			{"namespace", nsDecl, nsDecl},
+			{"task_id", "TEXT NOT NULL", ""},
+			{"fence_token", "INTEGER NOT NULL DEFAULT 0", "INTEGER NOT NULL DEFAULT 0"},
+			{"last_sequence", "INTEGER NOT NULL DEFAULT 0", "INTEGER NOT NULL DEFAULT 0"},
+			{"updated_at", "INTEGER NOT NULL", "INTEGER"},
 		}},
 		{name: E, cols: []column{
 			{"id", "INTEGER PRIMARY KEY AUTOINCREMENT", ""},

@@ -41,7 +41,10 @@ const (
 	DefaultCacheTable       = "go_goscope_cache"
 	DefaultIdempotencyTable = "go_goscope_idempotency"
 	DefaultCheckpointsTable = "go_goscope_checkpoints"
-	DefaultEventsTable      = "go_goscope_events"
+	// DefaultCheckpointTasksTable holds each task's checkpoint fence (its
+	// greatest fencing token and last sequence); warden's own table.
+	DefaultCheckpointTasksTable = "go_goscope_checkpoint_tasks"
+	DefaultEventsTable          = "go_goscope_events"
 )
 
 // Options configure a SQLite store. The zero value (or nil) is ready to
@@ -76,7 +79,9 @@ type Tables struct {
 	Cache       string // "": go_goscope_cache
 	Idempotency string // "": go_goscope_idempotency
 	Checkpoints string // "": go_goscope_checkpoints
-	Events      string // "": go_goscope_events
+	// CheckpointTasks is the table of checkpoint fences, one row per task.
+	CheckpointTasks string // "": go_goscope_checkpoint_tasks
+	Events          string // "": go_goscope_events
 }
 
 func init() {
@@ -165,6 +170,7 @@ type config struct {
 	cache       string
 	idempotency string
 	checkpoints string
+	cpTasks     string
 	events      string
 }
 
@@ -182,6 +188,7 @@ func newConfig(opts *Options) (config, error) {
 		cache:       opts.Tables.Cache,
 		idempotency: opts.Tables.Idempotency,
 		checkpoints: opts.Tables.Checkpoints,
+		cpTasks:     opts.Tables.CheckpointTasks,
 		events:      opts.Tables.Events,
 	}
 	switch {
@@ -216,6 +223,7 @@ func newConfig(opts *Options) (config, error) {
 		{&c.cache, DefaultCacheTable},
 		{&c.idempotency, DefaultIdempotencyTable},
 		{&c.checkpoints, DefaultCheckpointsTable},
+		{&c.cpTasks, DefaultCheckpointTasksTable},
 		{&c.events, DefaultEventsTable},
 	}
 	seen := map[string]bool{}

@@ -394,9 +394,10 @@ func (h *hub) circuitEvent(e event) (driver.CircuitRecord, bool) {
 }
 
 // Purge implements driver.Purger: in the namespace, expired cache entries,
-// lapsed idempotency records and lock records idle for at least
-// lockRetention; and events older than the event retention. Each is one
-// DELETE statement.
+// lapsed idempotency records, lock records idle for at least
+// lockRetention and the fence rows of tasks without checkpoints unchanged
+// for lockRetention; and events older than the event retention. Each is
+// one DELETE statement.
 func (s *store) Purge(ctx context.Context, lockRetention time.Duration) (int64, error) {
 	var total int64
 	for _, p := range []struct {
@@ -416,6 +417,14 @@ func (s *store) Purge(ctx context.Context, lockRetention time.Duration) (int64, 
 		}
 		total += n
 	}
+	cond, args := s.nsRange("task_id", s.cfg.prefix)
+	n, err := s.execCount(ctx, strings.Replace(s.q.purgeFences, "%s", cond, 1), func(now int64) []any {
+		return append(args, now-driver.Millis(lockRetention))
+	})
+	if err != nil {
+		return total, err
+	}
+	total += n
 	if _, err := s.execCount(ctx, s.q.purgeEvents, func(now int64) []any {
 		return []any{now - eventRetentionMs}
 	}); err != nil {
