@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"github.com/warden-go/warden/internal/testkit"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -117,7 +118,7 @@ func TestGlobalFlagsAnywhere(t *testing.T) {
 		}
 	}
 	// WARDEN_STORE names the store; --store wins over it.
-	var out, errb syncBuffer
+	var out, errb testkit.LogBuffer
 	env := append(testEnv(), "WARDEN_STORE="+url)
 	if code := run(context.Background(), []string{"cache", "set", "from-env", "1"}, strings.NewReader(""), &out, &errb, env); code != 0 {
 		t.Fatalf("WARDEN_STORE: exit %d %s", code, errb.String())
@@ -161,7 +162,7 @@ func TestPasswordsNeverPrinted(t *testing.T) {
 				}
 			}
 		}
-		var out, errb syncBuffer
+		var out, errb testkit.LogBuffer
 		run(context.Background(), []string{"--help"}, strings.NewReader(""), &out, &errb, append(testEnv(), "WARDEN_STORE="+url))
 		if strings.Contains(out.String()+errb.String(), "s3cret") {
 			t.Fatalf("help printed WARDEN_STORE's password")

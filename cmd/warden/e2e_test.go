@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/warden-go/warden/internal/testkit"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -131,8 +132,8 @@ func helperMain(mode string) int {
 // proc is a warden process started by a test.
 type proc struct {
 	cmd    *exec.Cmd
-	stdout syncBuffer
-	stderr syncBuffer
+	stdout testkit.LogBuffer
+	stderr testkit.LogBuffer
 	done   chan struct{}
 	code   int
 }
@@ -194,7 +195,7 @@ func runWarden(t *testing.T, env []string, args ...string) result {
 func waitFile(t *testing.T, path string) string {
 	t.Helper()
 	var b []byte
-	eventually(t, 30*time.Second, "file "+filepath.Base(path), func() bool {
+	testkit.Eventually(t, 30*time.Second, "file "+filepath.Base(path), func() bool {
 		var err error
 		b, err = os.ReadFile(path)
 		return err == nil
@@ -360,7 +361,7 @@ func TestE2EInterruptedWhileWaiting(t *testing.T) {
 	_, url := e2eStore(t)
 	h, stop := holder(t, url, "job")
 	p := startWarden(t, nil, "--store", url, "lock", "run", "job", "--", "true")
-	eventually(t, 30*time.Second, "the waiting message", func() bool { return strings.Contains(p.stderr.String(), `waiting for lock "job"`) })
+	testkit.Eventually(t, 30*time.Second, "the waiting message", func() bool { return strings.Contains(p.stderr.String(), `waiting for lock "job"`) })
 	if err := p.cmd.Process.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}

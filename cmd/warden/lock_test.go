@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"github.com/warden-go/warden/internal/testkit"
 	"strconv"
 	"strings"
 	"testing"
@@ -101,7 +102,7 @@ func TestLockWatch(t *testing.T) {
 			eachStore(t, func(t *testing.T, url string) {
 				ctx := context.Background()
 				st := openTestStore(t, url)
-				var out, errb syncBuffer
+				var out, errb testkit.LogBuffer
 				done := make(chan int, 1)
 				go func() {
 					done <- run(ctx, []string{"--store", url, "-o", format, "lock", "watch", "w/*", "--count", "2"}, strings.NewReader(""), &out, &errb, testEnv())
@@ -109,7 +110,7 @@ func TestLockWatch(t *testing.T) {
 				// The watch sees changes made after it subscribed: keep
 				// making some until it has printed two.
 				var code int
-				eventually(t, 20*time.Second, "two watch events", func() bool {
+				testkit.Eventually(t, 20*time.Second, "two watch events", func() bool {
 					select {
 					case code = <-done:
 						return true
@@ -241,12 +242,12 @@ func TestLockRunInProcess(t *testing.T) {
 		// Waiting, then interrupted: 130.
 		ctx2, cancel := context.WithCancel(ctx)
 		defer cancel()
-		var out, errb syncBuffer
+		var out, errb testkit.LogBuffer
 		done := make(chan int, 1)
 		go func() {
 			done <- run(ctx2, []string{"--store", url, "lock", "run", "busy", "--", "true"}, strings.NewReader(""), &out, &errb, testEnv())
 		}()
-		eventually(t, 10*time.Second, "the waiting message", func() bool {
+		testkit.Eventually(t, 10*time.Second, "the waiting message", func() bool {
 			return strings.Contains(errb.String(), `waiting for lock "busy", held by someone-else:1:z`)
 		})
 		cancel()
@@ -262,13 +263,13 @@ func TestLockRunLeaseLostInProcess(t *testing.T) {
 	eachStore(t, func(t *testing.T, url string) {
 		ctx := context.Background()
 		st := openTestStore(t, url)
-		var out, errb syncBuffer
+		var out, errb testkit.LogBuffer
 		done := make(chan int, 1)
 		go func() {
 			done <- run(ctx, []string{"--store", url, "lock", "run", "lost", "--ttl", "300ms", "--grace", "5s", "--", "sh", "-c", "echo started; exec sleep 30"},
 				strings.NewReader(""), &out, &errb, testEnv())
 		}()
-		eventually(t, 10*time.Second, "the command to start", func() bool { return strings.Contains(out.String(), "started") })
+		testkit.Eventually(t, 10*time.Second, "the command to start", func() bool { return strings.Contains(out.String(), "started") })
 		if ok, err := st.Locks().ForceRelease(ctx, "lost"); err != nil || !ok {
 			t.Fatalf("force release: %v %v", ok, err)
 		}
