@@ -16,6 +16,7 @@ import (
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
 	_ "github.com/warden-go/warden/store/memory" // registers memory://
+	_ "github.com/warden-go/warden/store/mysql"  // registers mysql://
 	_ "github.com/warden-go/warden/store/sqlite" // registers sqlite://
 )
 

@@ -1,0 +1,248 @@
+package mysql
+
+import (
+	"context"
+	"fmt"
+	"strings"
+)
+
+// The SQL of the store. NOW is the database clock, fixed for the duration
+// of one statement; EXP(?) is NOW plus ? microseconds (NULL stays NULL).
+//
+// Several upserts report their outcome through LAST_INSERT_ID(expr): the
+// value of the last such call travels back in the statement's OK packet
+// (sql.Result.LastInsertId), so the outcome costs no extra round trip and
+// does not depend on the affected-rows semantics (CLIENT_FOUND_ROWS). In an
+// ON DUPLICATE KEY UPDATE clause the assignments run left to right and see
+// the values assigned before them; each clause below either computes its
+// condition from columns not yet assigned or from LAST_INSERT_ID(), which
+// the first assignment sets.
+type queries struct {
+	lockAcquire, lockRow, lockRefresh, lockRelease, lockForce, lockGet, lockList         string
+	circFailure, circSuccess, circProbe, circGet, circSet, circDelete, circList          string
+	cacheGet, cacheSet, cacheSetIfAbsent, cacheDelete, cacheHas, cacheClear, cacheKeys   string
+	cacheClearDead                                                                       string
+	idemClaim, idemRow, idemExtend, idemComplete, idemAbandon, idemGet, idemSet          string
+	idemDelete, idemList                                                                 string
+	cpFenceSave, cpInsert, cpFence, cpLoad, cpLatest, cpList, cpNth, cpCleanup, cpDelete string
+	cpTasks                                                                              string
+	ddl                                                                                  []string
+}
+
+const (
+	nowSQL   = "UTC_TIMESTAMP(3)"
+	expSQL   = "TIMESTAMPADD(MICROSECOND, ?, UTC_TIMESTAMP(3))"
+	tokenSQL = "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000 * 4096)"
+)
+
+const (
+	lockCols = "owner, token, acquired_at, expires_at, released_at"
+	circCols = "`key`, state, failure_count, last_failure_time, last_success_time, opened_at, probe_owner, probe_until, version, updated_at"
+	idemCols = "`key`, status, owner, fingerprint, result, created_at, expires_at"
+	cpCols   = "task_id, sequence, `timestamp`, progress, data, estimated_time_remaining, token"
+)
+
+func buildQueries(t Tables) queries {
+	r := strings.NewReplacer(
+		"{L}", "`"+t.Locks+"`", "{C}", "`"+t.Circuits+"`", "{K}", "`"+t.Cache+"`",
+		"{I}", "`"+t.Idempotency+"`", "{P}", "`"+t.Checkpoints+"`", "{F}", "`"+t.CheckpointTasks+"`",
+		"NOW", nowSQL, "EXP(?)", expSQL, "TOKENBASE", tokenSQL)
+	sub := r.Replace
+	var q queries
+	const key = "namespace = ? AND `key` = ?"
+
+	// ----- locks
+	// free: no live holding, or owner holds it. same: owner's live holding.
+	free := "(released_at IS NOT NULL OR expires_at <= NOW OR owner = VALUES(owner))"
+	same := "(released_at IS NULL AND expires_at > NOW AND owner = VALUES(owner))"
+	q.lockAcquire = sub(`INSERT INTO {L} (namespace, ` + "`key`" + `, owner, token, created_at, acquired_at, expires_at, released_at, updated_at)
+VALUES (?, ?, ?, LAST_INSERT_ID(TOKENBASE), NOW, NOW, EXP(?), NULL, NOW)
+ON DUPLICATE KEY UPDATE
+	token = LAST_INSERT_ID(IF(` + same + `, token, IF(` + free + `, token + 1, token))),
+	acquired_at = IF(` + same + `, acquired_at, IF(` + free + `, NOW, acquired_at)),
+	owner = IF(` + free + `, VALUES(owner), owner),
+	expires_at = IF(` + free + `, VALUES(expires_at), expires_at),
+	released_at = IF(` + free + `, NULL, released_at),
+	updated_at = IF(` + free + `, NOW, updated_at)`)
+	q.lockRow = sub(`SELECT ` + lockCols + ` FROM {L} WHERE ` + key)
+	// Refresh and Extend may leave a row unchanged (same expiry within a
+	// millisecond), so they report a match through LAST_INSERT_ID(1)
+	// instead of the affected rows, which would then be 0 without
+	// CLIENT_FOUND_ROWS.
+	q.lockRefresh = sub(`UPDATE {L} SET expires_at = EXP(?), updated_at = IF(LAST_INSERT_ID(1) = 1, NOW, NOW)
+WHERE ` + key + ` AND owner = ? AND token = ? AND released_at IS NULL AND expires_at > NOW`)
+	q.lockRelease = sub(`UPDATE {L} SET released_at = NOW, expires_at = LEAST(expires_at, NOW), updated_at = NOW
+WHERE ` + key + ` AND owner = ? AND token = ? AND released_at IS NULL`)
+	q.lockForce = sub(`UPDATE {L} SET released_at = NOW, expires_at = LEAST(expires_at, NOW), updated_at = NOW
+WHERE ` + key + ` AND released_at IS NULL AND expires_at > NOW`)
+	q.lockGet = sub(`SELECT ` + lockCols + ` FROM {L} WHERE ` + key + ` AND released_at IS NULL AND expires_at > NOW`)
+	q.lockList = sub("SELECT `key`, " + lockCols + ` FROM {L} WHERE namespace = ? AND %s AND ` + likeCond("`key`") +
+		" AND released_at IS NULL AND expires_at > NOW ORDER BY `key`")
+
+	// ----- circuits
+	circIns := `INSERT INTO {C} (namespace, ` + "`key`" + `, state, failure_count, last_failure_time, last_success_time, opened_at, probe_owner, probe_until, version, updated_at)`
+	opens := "(state IN ('open', 'half-open') OR failure_count + 1 >= ?)"
+	q.circFailure = sub(circIns + `
+VALUES (?, ?, IF(? <= 1, 'open', 'closed'), 1, NOW, NULL, IF(? <= 1, NOW, NULL), NULL, NULL, 1, NOW)
+ON DUPLICATE KEY UPDATE
+	opened_at = IF(state = 'open', opened_at, IF(state = 'half-open' OR failure_count + 1 >= ?, NOW, opened_at)),
+	probe_owner = IF(` + opens + `, NULL, probe_owner),
+	probe_until = IF(` + opens + `, NULL, probe_until),
+	state = IF(` + opens + `, 'open', 'closed'),
+	failure_count = failure_count + 1,
+	last_failure_time = NOW,
+	version = version + 1,
+	updated_at = NOW`)
+	q.circSuccess = sub(circIns + `
+VALUES (?, ?, 'closed', 0, NULL, NOW, NULL, NULL, NULL, 1, NOW)
+ON DUPLICATE KEY UPDATE
+	failure_count = IF(state = 'open', failure_count, 0),
+	probe_owner = IF(state = 'open', probe_owner, NULL),
+	probe_until = IF(state = 'open', probe_until, NULL),
+	state = IF(state = 'open', 'open', 'closed'),
+	last_success_time = NOW,
+	version = version + 1,
+	updated_at = NOW`)
+	q.circProbe = sub(`UPDATE {C} SET state = 'half-open', probe_owner = ?, probe_until = EXP(?), version = version + 1, updated_at = NOW
+WHERE ` + key + ` AND (
+	(state = 'open' AND TIMESTAMPADD(MICROSECOND, ?, COALESCE(opened_at, '1970-01-01')) <= NOW)
+	OR (state = 'half-open' AND (probe_owner IS NULL OR probe_owner = ? OR COALESCE(probe_until, '1970-01-01') <= NOW)))`)
+	q.circGet = sub(`SELECT ` + circCols + ` FROM {C} WHERE ` + key)
+	q.circSet = sub(circIns + `
+VALUES (?, ?, ?, 0, NULL, NULL, IF(? = 'open', NOW, NULL), NULL, NULL, 1, NOW)
+ON DUPLICATE KEY UPDATE
+	failure_count = IF(VALUES(state) = 'closed', 0, failure_count),
+	opened_at = IF(VALUES(state) = 'open', NOW, opened_at),
+	state = VALUES(state),
+	probe_owner = NULL,
+	probe_until = NULL,
+	version = version + 1,
+	updated_at = NOW`)
+	q.circDelete = sub(`DELETE FROM {C} WHERE ` + key)
+	q.circList = sub(`SELECT ` + circCols + ` FROM {C} WHERE namespace = ? AND %s AND ` + likeCond("`key`") + " ORDER BY `key`")
+
+	// ----- cache
+	live := "(expires_at IS NULL OR expires_at > NOW)"
+	q.cacheGet = sub(`SELECT value, expires_at FROM {K} WHERE ` + key + ` AND ` + live)
+	q.cacheSet = sub(`INSERT INTO {K} (namespace, ` + "`key`" + `, value, expires_at, updated_at) VALUES (?, ?, ?, EXP(?), NOW)
+ON DUPLICATE KEY UPDATE value = VALUES(value), expires_at = VALUES(expires_at), updated_at = VALUES(updated_at)`)
+	q.cacheSetIfAbsent = sub(`INSERT INTO {K} (namespace, ` + "`key`" + `, value, expires_at, updated_at)
+VALUES (IF(LAST_INSERT_ID(1) = 1, ?, NULL), ?, ?, EXP(?), NOW)
+ON DUPLICATE KEY UPDATE
+	value = IF(LAST_INSERT_ID(expires_at IS NOT NULL AND expires_at <= NOW), VALUES(value), value),
+	expires_at = IF(LAST_INSERT_ID() = 1, VALUES(expires_at), expires_at),
+	updated_at = IF(LAST_INSERT_ID() = 1, VALUES(updated_at), updated_at)`)
+	q.cacheDelete = sub(`DELETE FROM {K} WHERE ` + key + ` AND ` + live)
+	q.cacheHas = sub(`SELECT 1 FROM {K} WHERE ` + key + ` AND ` + live)
+	q.cacheClear = sub(`DELETE FROM {K} WHERE namespace = ? AND %s AND ` + live)
+	q.cacheClearDead = sub(`DELETE FROM {K} WHERE namespace = ? AND %s`)
+	q.cacheKeys = sub("SELECT `key` FROM {K} WHERE namespace = ? AND %s AND " + likeCond("`key`") + ` AND ` + live + " ORDER BY `key`")
+
+	// ----- idempotency
+	// The first assignment computes the outcome from the old row:
+	// 1 claimed (lapsed completed), 2 taken over (lapsed pending),
+	// 5 renewed (owner's own pending claim), 3 in progress, 4 completed;
+	// a new row reports 1 from the VALUES list.
+	q.idemClaim = sub(`INSERT INTO {I} (namespace, ` + "`key`" + `, status, owner, fingerprint, result, created_at, expires_at, updated_at)
+VALUES (IF(LAST_INSERT_ID(1) = 1, ?, NULL), ?, 'pending', ?, ?, NULL, NOW, EXP(?), NOW)
+ON DUPLICATE KEY UPDATE
+	status = IF(LAST_INSERT_ID(CASE
+		WHEN expires_at IS NOT NULL AND expires_at <= NOW THEN IF(status = 'pending', 2, 1)
+		WHEN status = 'pending' AND owner = VALUES(owner) THEN 5
+		WHEN status = 'pending' THEN 3
+		ELSE 4 END) <= 2, 'pending', status),
+	owner = IF(LAST_INSERT_ID() <= 2, VALUES(owner), owner),
+	fingerprint = IF(LAST_INSERT_ID() <= 2, VALUES(fingerprint), fingerprint),
+	result = IF(LAST_INSERT_ID() <= 2, NULL, result),
+	created_at = IF(LAST_INSERT_ID() <= 2, NOW, created_at),
+	expires_at = IF(LAST_INSERT_ID() IN (1, 2, 5), VALUES(expires_at), expires_at),
+	updated_at = IF(LAST_INSERT_ID() IN (1, 2, 5), NOW, updated_at)`)
+	q.idemRow = sub(`SELECT ` + idemCols + ` FROM {I} WHERE ` + key)
+	q.idemExtend = sub(`UPDATE {I} SET expires_at = EXP(?), updated_at = IF(LAST_INSERT_ID(1) = 1, NOW, NOW) WHERE ` + key + ` AND status = 'pending' AND owner = ?`)
+	q.idemComplete = sub(`UPDATE {I} SET status = 'completed', result = ?, expires_at = EXP(?), updated_at = NOW
+WHERE ` + key + ` AND status = 'pending' AND owner = ?`)
+	q.idemAbandon = sub(`DELETE FROM {I} WHERE ` + key + ` AND status = 'pending' AND owner = ?`)
+	q.idemGet = sub(`SELECT ` + idemCols + ` FROM {I} WHERE ` + key + ` AND ` + live)
+	q.idemSet = sub(`INSERT INTO {I} (namespace, ` + "`key`" + `, status, owner, fingerprint, result, created_at, expires_at, updated_at)
+VALUES (?, ?, 'completed', NULL, NULL, ?, NOW, EXP(?), NOW)
+ON DUPLICATE KEY UPDATE status = 'completed', owner = NULL, fingerprint = NULL, result = VALUES(result),
+	created_at = VALUES(created_at), expires_at = VALUES(expires_at), updated_at = VALUES(updated_at)`)
+	q.idemDelete = sub(`DELETE FROM {I} WHERE ` + key + ` AND ` + live)
+	q.idemList = sub(`SELECT ` + idemCols + ` FROM {I} WHERE namespace = ? AND %s AND ` + likeCond("`key`") + ` AND ` + live + " ORDER BY `key`")
+
+	// ----- checkpoints
+	// Save: the fence row's upsert decides (LAST_INSERT_ID: the new
+	// sequence, 0 if refused), then the checkpoint is inserted, in one
+	// transaction. A task without a fence row starts from its
+	// checkpoints' highest sequence and token.
+	q.cpFenceSave = sub(`INSERT INTO {F} (namespace, task_id, fence_token, last_sequence, updated_at)
+VALUES (?, ?,
+	GREATEST(?, (SELECT COALESCE(MAX(token), 0) FROM {P} WHERE namespace = ? AND task_id = ?)),
+	LAST_INSERT_ID((SELECT COALESCE(MAX(sequence), 0) FROM {P} WHERE namespace = ? AND task_id = ?) + 1), NOW)
+ON DUPLICATE KEY UPDATE
+	last_sequence = IF(? = 0 OR ? >= fence_token, LAST_INSERT_ID(last_sequence + 1), last_sequence + LAST_INSERT_ID(0)),
+	updated_at = IF(LAST_INSERT_ID() > 0, NOW, updated_at),
+	fence_token = IF(LAST_INSERT_ID() > 0, GREATEST(fence_token, ?), fence_token)`)
+	q.cpInsert = sub(`INSERT INTO {P} (namespace, id, task_id, sequence, ` + "`timestamp`" + `, progress, data, estimated_time_remaining, token)
+VALUES (?, ?, ?, ?, NOW, ?, ?, ?, ?)`)
+	// Fence: LAST_INSERT_ID is 1 if accepted, 0 if the fence is greater.
+	q.cpFence = sub(`INSERT INTO {F} (namespace, task_id, fence_token, last_sequence, updated_at)
+VALUES (?, ?, ? + LAST_INSERT_ID(1) - 1,
+	(SELECT COALESCE(MAX(sequence), 0) FROM {P} WHERE namespace = ? AND task_id = ?), NOW)
+ON DUPLICATE KEY UPDATE
+	updated_at = IF(VALUES(fence_token) > fence_token, NOW, updated_at),
+	fence_token = IF(LAST_INSERT_ID(VALUES(fence_token) >= fence_token), VALUES(fence_token), fence_token)`)
+	const task = "namespace = ? AND task_id = ?"
+	q.cpLoad = sub(`SELECT ` + cpCols + ` FROM {P} WHERE ` + task + ` AND sequence = ?`)
+	q.cpLatest = sub(`SELECT ` + cpCols + ` FROM {P} WHERE ` + task + ` ORDER BY sequence DESC LIMIT 1`)
+	q.cpList = sub(`SELECT ` + cpCols + ` FROM {P} WHERE ` + task + ` ORDER BY sequence`)
+	q.cpNth = sub(`SELECT sequence FROM {P} WHERE ` + task + ` ORDER BY sequence DESC LIMIT 1 OFFSET ?`)
+	q.cpCleanup = sub(`DELETE FROM {P} WHERE ` + task + ` AND sequence <= ?`)
+	q.cpDelete = sub(`DELETE FROM {P} WHERE ` + task)
+	q.cpTasks = sub(`SELECT DISTINCT task_id FROM {P} WHERE namespace = ? AND %s AND ` + likeCond("task_id") + ` ORDER BY task_id`)
+
+	// ----- schema
+	// Stored keys are prefix (≤ 64 bytes) + kind tag + key (≤ 512 bytes).
+	const nsCol = "namespace VARBINARY(64) NOT NULL DEFAULT ''"
+	const keyCol = "`key` VARBINARY(600) NOT NULL"
+	const tail = ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
+	q.ddl = []string{
+		sub(`CREATE TABLE IF NOT EXISTS {L} (` + nsCol + `, ` + keyCol + `,
+	owner VARBINARY(512) NULL, token BIGINT NOT NULL,
+	created_at DATETIME(3) NOT NULL, acquired_at DATETIME(3) NOT NULL, expires_at DATETIME(3) NOT NULL,
+	released_at DATETIME(3) NULL, updated_at DATETIME(3) NOT NULL,
+	PRIMARY KEY (namespace, ` + "`key`" + `)` + tail),
+		sub(`CREATE TABLE IF NOT EXISTS {C} (` + nsCol + `, ` + keyCol + `,
+	state VARCHAR(16) NOT NULL DEFAULT 'closed', failure_count BIGINT NOT NULL DEFAULT 0,
+	last_failure_time DATETIME(3) NULL, last_success_time DATETIME(3) NULL, opened_at DATETIME(3) NULL,
+	probe_owner VARBINARY(512) NULL, probe_until DATETIME(3) NULL,
+	version BIGINT NOT NULL DEFAULT 0, updated_at DATETIME(3) NOT NULL,
+	PRIMARY KEY (namespace, ` + "`key`" + `)` + tail),
+		sub(`CREATE TABLE IF NOT EXISTS {K} (` + nsCol + `, ` + keyCol + `,
+	value LONGBLOB NOT NULL, expires_at DATETIME(3) NULL, updated_at DATETIME(3) NOT NULL,
+	PRIMARY KEY (namespace, ` + "`key`" + `), KEY expires_at_idx (expires_at)` + tail),
+		sub(`CREATE TABLE IF NOT EXISTS {I} (` + nsCol + `, ` + keyCol + `,
+	status VARCHAR(16) NOT NULL, owner VARBINARY(512) NULL, fingerprint BLOB NULL, result LONGBLOB NULL,
+	created_at DATETIME(3) NOT NULL, expires_at DATETIME(3) NULL, updated_at DATETIME(3) NOT NULL,
+	PRIMARY KEY (namespace, ` + "`key`" + `), KEY expires_at_idx (expires_at)` + tail),
+		sub(`CREATE TABLE IF NOT EXISTS {P} (` + nsCol + `, id VARBINARY(640) NOT NULL, task_id VARBINARY(600) NOT NULL,
+	sequence BIGINT NOT NULL, ` + "`timestamp`" + ` DATETIME(3) NOT NULL, progress DOUBLE NOT NULL DEFAULT 0,
+	data LONGBLOB NOT NULL, estimated_time_remaining BIGINT NULL, token BIGINT NOT NULL DEFAULT 0,
+	PRIMARY KEY (namespace, task_id, sequence)` + tail),
+		sub(`CREATE TABLE IF NOT EXISTS {F} (` + nsCol + `, task_id VARBINARY(600) NOT NULL,
+	fence_token BIGINT NOT NULL DEFAULT 0, last_sequence BIGINT NOT NULL DEFAULT 0, updated_at DATETIME(3) NOT NULL,
+	PRIMARY KEY (namespace, task_id)` + tail),
+	}
+	return q
+}
+
+// Migrate implements driver.Migrator: it creates the tables that are
+// missing. It is idempotent.
+func (s *store) Migrate(ctx context.Context) error {
+	for _, stmt := range s.q.ddl {
+		if _, err := s.db.ExecContext(ctx, stmt); err != nil {
+			return ctxErr(ctx, fmt.Errorf("mysql: migrate: %w", err))
+		}
+	}
+	return nil
+}
