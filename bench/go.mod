@@ -3,12 +3,15 @@ module github.com/warden-go/warden/bench
 go 1.26.0
 
 require (
+	github.com/go-sql-driver/mysql v1.10.1
 	github.com/warden-go/warden v0.0.0
+	github.com/warden-go/warden/store/mysql v0.0.0
 	github.com/warden-go/warden/store/sqlite v0.0.0
 	modernc.org/sqlite v1.61.1
 )
 
 require (
+	filippo.io/edwards25519 v1.2.0 // indirect
 	github.com/dustin/go-humanize v1.1.0 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/mattn/go-isatty v0.0.24 // indirect
@@ -22,5 +25,6 @@ require (
 
 replace (
 	github.com/warden-go/warden => ../
+	github.com/warden-go/warden/store/mysql => ../store/mysql
 	github.com/warden-go/warden/store/sqlite => ../store/sqlite
 )

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"net/url"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -25,9 +26,10 @@ type Case struct {
 	Run      func(b *testing.B)
 }
 
-// Cases returns the benchmarks, grouped.
+// Cases returns the benchmarks, grouped. The MySQL/MariaDB groups are
+// included only when WARDEN_TEST_MYSQL_URL names a server.
 func Cases() []Case {
-	return []Case{
+	cases := []Case{
 		{Group: "sqlite lock cycle", Name: "raw upsert + delete (modernc.org/sqlite)", Baseline: true, Run: rawSQLiteCycle},
 		{Group: "sqlite lock cycle", Name: "warden primitives Acquire + Release", Run: func(b *testing.B) { primitiveCycle(b, sqliteURL(b)) }},
 		{Group: "sqlite lock cycle", Name: "lock.Locker TryAcquire + Release", Run: func(b *testing.B) { lockerCycle(b, sqliteURL(b)) }},
@@ -36,6 +38,10 @@ func Cases() []Case {
 		{Group: "sqlite cache get", Name: "raw SELECT (modernc.org/sqlite)", Baseline: true, Run: rawSQLiteGet},
 		{Group: "sqlite cache get", Name: "warden Cache().Get", Run: cacheGet},
 	}
+	if u := os.Getenv(mysqlEnv); u != "" {
+		cases = append(cases, mysqlCases(u)...)
+	}
+	return cases
 }
 
 func sqliteURL(b *testing.B) string {

@@ -220,6 +220,7 @@ type store struct {
 	maxValue int
 	t        Tables
 	q        queries
+	layout   []tableDef
 
 	lockPfx, circPfx, cachePfx string
 }
@@ -258,6 +259,7 @@ func newStore(ctx context.Context, db *sql.DB, own bool, opts *Options) (*store,
 	s := &store{db: db, ownDB: own, prefix: opts.Prefix, t: t,
 		lockPfx: opts.Prefix + driver.TagLock, circPfx: opts.Prefix + driver.TagCircuit, cachePfx: opts.Prefix + driver.TagCache}
 	s.q = buildQueries(t)
+	s.layout = newLayout(t)
 	var packet int64
 	if err := db.QueryRowContext(ctx, "SELECT @@max_allowed_packet").Scan(&packet); err != nil {
 		return nil, ctxErr(ctx, fmt.Errorf("mysql: %w", err))

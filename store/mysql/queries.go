@@ -1,10 +1,6 @@
 package mysql
 
-import (
-	"context"
-	"fmt"
-	"strings"
-)
+import "strings"
 
 // The SQL of the store. NOW is the database clock, fixed for the duration
 // of one statement; EXP(?) is NOW plus ? microseconds (NULL stays NULL).
@@ -26,7 +22,6 @@ type queries struct {
 	idemDelete, idemList                                                                 string
 	cpFenceSave, cpInsert, cpFence, cpLoad, cpLatest, cpList, cpNth, cpCleanup, cpDelete string
 	cpTasks                                                                              string
-	ddl                                                                                  []string
 }
 
 const (
@@ -201,48 +196,5 @@ ON DUPLICATE KEY UPDATE
 	q.cpDelete = sub(`DELETE FROM {P} WHERE ` + task)
 	q.cpTasks = sub(`SELECT DISTINCT task_id FROM {P} WHERE namespace = ? AND %s AND ` + likeCond("task_id") + ` ORDER BY task_id`)
 
-	// ----- schema
-	// Stored keys are prefix (≤ 64 bytes) + kind tag + key (≤ 512 bytes).
-	const nsCol = "namespace VARBINARY(64) NOT NULL DEFAULT ''"
-	const keyCol = "`key` VARBINARY(600) NOT NULL"
-	const tail = ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
-	q.ddl = []string{
-		sub(`CREATE TABLE IF NOT EXISTS {L} (` + nsCol + `, ` + keyCol + `,
-	owner VARBINARY(512) NULL, token BIGINT NOT NULL,
-	created_at DATETIME(3) NOT NULL, acquired_at DATETIME(3) NOT NULL, expires_at DATETIME(3) NOT NULL,
-	released_at DATETIME(3) NULL, updated_at DATETIME(3) NOT NULL,
-	PRIMARY KEY (namespace, ` + "`key`" + `)` + tail),
-		sub(`CREATE TABLE IF NOT EXISTS {C} (` + nsCol + `, ` + keyCol + `,
-	state VARCHAR(16) NOT NULL DEFAULT 'closed', failure_count BIGINT NOT NULL DEFAULT 0,
-	last_failure_time DATETIME(3) NULL, last_success_time DATETIME(3) NULL, opened_at DATETIME(3) NULL,
-	probe_owner VARBINARY(512) NULL, probe_until DATETIME(3) NULL,
-	version BIGINT NOT NULL DEFAULT 0, updated_at DATETIME(3) NOT NULL,
-	PRIMARY KEY (namespace, ` + "`key`" + `)` + tail),
-		sub(`CREATE TABLE IF NOT EXISTS {K} (` + nsCol + `, ` + keyCol + `,
-	value LONGBLOB NOT NULL, expires_at DATETIME(3) NULL, updated_at DATETIME(3) NOT NULL,
-	PRIMARY KEY (namespace, ` + "`key`" + `), KEY expires_at_idx (expires_at)` + tail),
-		sub(`CREATE TABLE IF NOT EXISTS {I} (` + nsCol + `, ` + keyCol + `,
-	status VARCHAR(16) NOT NULL, owner VARBINARY(512) NULL, fingerprint BLOB NULL, result LONGBLOB NULL,
-	created_at DATETIME(3) NOT NULL, expires_at DATETIME(3) NULL, updated_at DATETIME(3) NOT NULL,
-	PRIMARY KEY (namespace, ` + "`key`" + `), KEY expires_at_idx (expires_at)` + tail),
-		sub(`CREATE TABLE IF NOT EXISTS {P} (` + nsCol + `, id VARBINARY(640) NOT NULL, task_id VARBINARY(600) NOT NULL,
-	sequence BIGINT NOT NULL, ` + "`timestamp`" + ` DATETIME(3) NOT NULL, progress DOUBLE NOT NULL DEFAULT 0,
-	data LONGBLOB NOT NULL, estimated_time_remaining BIGINT NULL, token BIGINT NOT NULL DEFAULT 0,
-	PRIMARY KEY (namespace, task_id, sequence)` + tail),
-		sub(`CREATE TABLE IF NOT EXISTS {F} (` + nsCol + `, task_id VARBINARY(600) NOT NULL,
-	fence_token BIGINT NOT NULL DEFAULT 0, last_sequence BIGINT NOT NULL DEFAULT 0, updated_at DATETIME(3) NOT NULL,
-	PRIMARY KEY (namespace, task_id)` + tail),
-	}
 	return q
-}
-
-// Migrate implements driver.Migrator: it creates the tables that are
-// missing. It is idempotent.
-func (s *store) Migrate(ctx context.Context) error {
-	for _, stmt := range s.q.ddl {
-		if _, err := s.db.ExecContext(ctx, stmt); err != nil {
-			return ctxErr(ctx, fmt.Errorf("mysql: migrate: %w", err))
-		}
-	}
-	return nil
 }

@@ -1,0 +1,191 @@
+package mysql_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	mysqldrv "github.com/go-sql-driver/mysql"
+	"github.com/warden-go/warden/store/mysql"
+)
+
+// rawDB opens the test server with plain go-sql-driver settings.
+func rawDB(t *testing.T) *sql.DB {
+	t.Helper()
+	u, err := url.Parse(serverURL(t, ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := mysqldrv.NewConfig()
+	cfg.Net, cfg.Addr, cfg.DBName = "tcp", u.Host, u.Path[1:]
+	if u.User != nil {
+		cfg.User = u.User.Username()
+		cfg.Passwd, _ = u.User.Password()
+	}
+	cfg.ParseTime, cfg.Loc = true, time.UTC
+	cfg.Params = map[string]string{"time_zone": "'+00:00'"}
+	conn, err := mysqldrv.NewConnector(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := sql.OpenDB(conn)
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// ggsTables creates tables in the shape go-go-scope's MySQL adapter
+// gives them, under names of the test's own (dropped at the end), and
+// returns the names for Options.Tables.
+func ggsTables(t *testing.T, db *sql.DB) mysql.Tables {
+	sfx := fmt.Sprintf("_%d_%d", os.Getpid(), time.Now().UnixNano())
+	tb := mysql.Tables{
+		Locks: "ggs_locks" + sfx, Circuits: "ggs_circuit" + sfx, Cache: "ggs_cache" + sfx,
+		Idempotency: "ggs_idem" + sfx, Checkpoints: "ggs_cp" + sfx, CheckpointTasks: "ggs_cpt" + sfx,
+	}
+	t.Cleanup(func() {
+		for _, n := range []string{tb.Locks, tb.Circuits, tb.Cache, tb.Idempotency, tb.Checkpoints, tb.CheckpointTasks} {
+			db.Exec("DROP TABLE IF EXISTS " + n)
+		}
+	})
+	for _, q := range []string{
+		`CREATE TABLE ` + tb.Locks + ` (` + "`key`" + ` VARCHAR(255) PRIMARY KEY, owner VARCHAR(255) NOT NULL,
+			expires_at DATETIME NOT NULL, created_at DATETIME DEFAULT CURRENT_TIMESTAMP)`,
+		`CREATE TABLE ` + tb.Circuits + ` (` + "`key`" + ` VARCHAR(255) PRIMARY KEY, state VARCHAR(20) NOT NULL,
+			failure_count INT DEFAULT 0, last_failure_time DATETIME NULL, last_success_time DATETIME NULL,
+			updated_at DATETIME DEFAULT CURRENT_TIMESTAMP)`,
+		`CREATE TABLE ` + tb.Cache + ` (id INT AUTO_INCREMENT PRIMARY KEY, ` + "`key`" + ` VARCHAR(255) NOT NULL UNIQUE,
+			value TEXT NOT NULL, expires_at DATETIME NULL, note VARCHAR(20) NOT NULL)`,
+		// A lock of the Node service: expired, and one still held.
+		`INSERT INTO ` + tb.Locks + " (`key`, owner, expires_at) VALUES ('lock:old', 'node-1', UTC_TIMESTAMP() - INTERVAL 1 HOUR), ('lock:held', 'node-2', UTC_TIMESTAMP() + INTERVAL 1 HOUR)",
+		`INSERT INTO ` + tb.Cache + " (`key`, value, note) VALUES ('cache:k', '\"v\"', 'x')",
+	} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return tb
+}
+
+// columnTypes returns a table's COLUMN_TYPEs by column.
+func columnTypes(t *testing.T, db *sql.DB, table string) map[string]string {
+	rows, err := db.Query(`SELECT COLUMN_NAME, COLUMN_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?`, table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	m := map[string]string{}
+	for rows.Next() {
+		var n, typ string
+		if err := rows.Scan(&n, &typ); err != nil {
+			t.Fatal(err)
+		}
+		m[n] = typ
+	}
+	return m
+}
+
+// TestMigrateUpgradesGoGoScopeTables opens the store on tables go-go-scope
+// created: Migrate adds and widens columns, sets the keys, and the store
+// then works on them, next to the rows already there.
+func TestMigrateUpgradesGoGoScopeTables(t *testing.T) {
+	ctx := context.Background()
+	db := rawDB(t)
+	tb := ggsTables(t, db)
+	st, err := mysql.New(db, &mysql.Options{Tables: tb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+
+	cols := columnTypes(t, db, tb.Locks)
+	for col, want := range map[string]string{"key": "varbinary(600)", "owner": "varbinary(512)", "expires_at": "datetime(3)", "token": "bigint", "namespace": "varbinary(64)"} {
+		if !strings.HasPrefix(cols[col], want) {
+			t.Errorf("%s.%s is %q after Migrate, want %s", tb.Locks, col, cols[col], want)
+		}
+	}
+	var uniqueKeyIdx int
+	if err := db.QueryRow(`SELECT COUNT(*) FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = DATABASE()
+		AND TABLE_NAME = ? AND INDEX_NAME <> 'PRIMARY' AND NON_UNIQUE = 0 AND COLUMN_NAME = 'key'`, tb.Cache).Scan(&uniqueKeyIdx); err != nil {
+		t.Fatal(err)
+	}
+	if uniqueKeyIdx != 0 {
+		t.Errorf("the unique index on %s.key alone (namespaces would collide) was kept", tb.Cache)
+	}
+	if err := st.Migrate(ctx); err != nil {
+		t.Fatalf("second Migrate: %v", err)
+	}
+
+	l := st.Locks()
+	if _, ok, err := l.Acquire(ctx, "held", "go", time.Minute); err != nil || ok {
+		t.Fatalf("the Node service's live lock must block: ok=%v err=%v", ok, err)
+	}
+	rec, ok, err := l.Acquire(ctx, "old", "go", 1500*time.Millisecond)
+	if err != nil || !ok {
+		t.Fatalf("the expired go-go-scope lock must be free: ok=%v err=%v", ok, err)
+	}
+	if d := rec.ExpiresAt.Sub(rec.AcquiredAt); d != 1500*time.Millisecond {
+		t.Fatalf("TTL stored as %v, want 1.5s (milliseconds kept)", d)
+	}
+	if ok, err := l.Release(ctx, "old", "go", rec.Token); err != nil || !ok {
+		t.Fatalf("release: ok=%v err=%v", ok, err)
+	}
+	rec2, ok, err := l.Acquire(ctx, "new", "go", time.Minute)
+	if err != nil || !ok {
+		t.Fatalf("new lock: ok=%v err=%v", ok, err)
+	}
+	if ok, err := l.Release(ctx, "new", "go", rec2.Token); err != nil || !ok {
+		t.Fatalf("release new: ok=%v err=%v", ok, err)
+	}
+	rec3, ok, err := l.Acquire(ctx, "old", "go", time.Minute)
+	if err != nil || !ok || rec3.Token <= rec.Token {
+		t.Fatalf("reacquire: ok=%v err=%v token %d after %d", ok, err, rec3.Token, rec.Token)
+	}
+
+	// Keys are byte-exact now: "Old" is another lock than "old".
+	if _, ok, err := l.Acquire(ctx, "Old", "go", time.Minute); err != nil || !ok {
+		t.Fatalf("case-distinct key: ok=%v err=%v", ok, err)
+	}
+
+	// The Node service's own insert still works on the upgraded table.
+	if _, err := db.Exec(`INSERT INTO ` + tb.Locks + " (`key`, owner, expires_at) VALUES ('lock:node', 'node-3', UTC_TIMESTAMP() + INTERVAL 1 HOUR)"); err != nil {
+		t.Fatalf("a go-go-scope insert on the upgraded table: %v", err)
+	}
+	if r, ok, err := l.Get(ctx, "node"); err != nil || !ok || r.Owner != "node-3" {
+		t.Fatalf("the Node service's new lock: %+v %v %v", r, ok, err)
+	}
+
+	c := st.Cache()
+	if e, ok, err := c.Get(ctx, "k"); err != nil || !ok || string(e.Value) != `"v"` {
+		t.Fatalf("go-go-scope cache row: %q %v %v", e.Value, ok, err)
+	}
+	if err := c.Set(ctx, "bin", []byte{0xff, 0, 1}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if e, ok, err := c.Get(ctx, "bin"); err != nil || !ok || string(e.Value) != "\xff\x00\x01" {
+		t.Fatalf("binary value: %q %v %v", e.Value, ok, err)
+	}
+	br := st.Circuits()
+	if _, err := br.RecordFailure(ctx, "svc", 3); err != nil {
+		t.Fatalf("circuit on the go-go-scope table: %v", err)
+	}
+}
+
+// TestMigrateRefusesNumericTimes: a time column holding numbers is not
+// converted silently.
+func TestMigrateRefusesNumericTimes(t *testing.T) {
+	db := rawDB(t)
+	name := fmt.Sprintf("ggs_num_%d_%d", os.Getpid(), time.Now().UnixNano())
+	t.Cleanup(func() { db.Exec("DROP TABLE IF EXISTS " + name) })
+	if _, err := db.Exec(`CREATE TABLE ` + name + ` (` + "`key`" + ` VARCHAR(255) PRIMARY KEY, owner VARCHAR(255), expires_at BIGINT)`); err != nil {
+		t.Fatal(err)
+	}
+	_, err := mysql.New(db, &mysql.Options{Tables: mysql.Tables{Locks: name}})
+	if err == nil || !strings.Contains(err.Error(), "expires_at") {
+		t.Fatalf("want an error naming expires_at, got %v", err)
+	}
+}
