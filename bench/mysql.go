@@ -27,6 +27,7 @@ func mysqlCases(base string) []Case {
 		{Group: "mysql lock cycle", Name: "lock.Locker TryAcquire + Release", Run: func(b *testing.B) { lockerCycle(b, mysqlURL(base)) }},
 		{Group: "mysql cache get", Name: "raw SELECT (go-sql-driver/mysql)", Baseline: true, Run: func(b *testing.B) { rawMySQLGet(b, base) }},
 		{Group: "mysql cache get", Name: "warden Cache().Get", Run: func(b *testing.B) { mysqlCacheGet(b, mysqlURL(base)) }},
+		{Group: "lock hand-off (p50 µs, release → waiting Acquire on another connection)", Name: "mysql (no notifications: back-off)", Metric: HandoffMetric, Run: func(b *testing.B) { handoff(b, mysqlURL(base)) }},
 	}
 }
 

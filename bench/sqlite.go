@@ -23,7 +23,10 @@ type Case struct {
 	Name  string
 	// Baseline marks the raw database primitive the group is compared to.
 	Baseline bool
-	Run      func(b *testing.B)
+	// Metric, if set, names the b.ReportMetric value reported (in µs)
+	// instead of the time per operation.
+	Metric string
+	Run    func(b *testing.B)
 }
 
 // Cases returns the benchmarks, grouped. The MySQL/MariaDB groups are
@@ -37,6 +40,8 @@ func Cases() []Case {
 		{Group: "memory lock cycle", Name: "lock.Locker TryAcquire + Release", Run: func(b *testing.B) { lockerCycle(b, "memory://") }},
 		{Group: "sqlite cache get", Name: "raw SELECT (modernc.org/sqlite)", Baseline: true, Run: rawSQLiteGet},
 		{Group: "sqlite cache get", Name: "warden Cache().Get", Run: cacheGet},
+		{Group: "lock hand-off (p50 µs, release → waiting Acquire on another connection)", Name: "memory (notifications)", Metric: HandoffMetric, Run: func(b *testing.B) { handoff(b, "memory://handoff") }},
+		{Group: "lock hand-off (p50 µs, release → waiting Acquire on another connection)", Name: "sqlite (notifications: data_version polling)", Metric: HandoffMetric, Run: func(b *testing.B) { handoff(b, sqliteURL(b)) }},
 	}
 	if u := os.Getenv(mysqlEnv); u != "" {
 		cases = append(cases, mysqlCases(u)...)
