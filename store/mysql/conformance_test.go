@@ -52,7 +52,7 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-// TestConformanceNew runs the suite's in-process checks on stores made by
+// TestConformanceNew runs the suite on stores made by
 // New on the caller's own *sql.DB, with a plain go-sql-driver DSN (server-
 // side prepared statements, no clientFoundRows, no session time zone).
 func TestConformanceNew(t *testing.T) {
@@ -63,5 +63,8 @@ func TestConformanceNew(t *testing.T) {
 			st, _ := newCountingStore(t, prefix, false)
 			return st
 		},
+		// Child processes open the same database by URL; the parent's side
+		// of every multi-process check uses New.
+		URL: serverURL,
 	})
 }
