@@ -5,8 +5,6 @@ package main
 import (
 	"fmt"
 	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -28,45 +26,10 @@ func e2eMySQLStore(t *testing.T) string {
 	return url
 }
 
-// TestE2EMySQLConcurrentLockRunNeverOverlaps runs 8 `warden lock run`
-// processes at once on one MySQL/MariaDB lock: their commands must run one
-// at a time, in order of increasing fencing token, and the lock must be
-// free afterwards.
+// TestE2EMySQLConcurrentLockRunNeverOverlaps runs the concurrent lock-run
+// scenario of the SQLite end-to-end test against MySQL/MariaDB.
 func TestE2EMySQLConcurrentLockRunNeverOverlaps(t *testing.T) {
-	url := e2eMySQLStore(t)
-	dir := t.TempDir()
-	const n = 8
-	env := []string{"WARDEN_CLI_TEST_HELPER=exclusive", "HELPER_DIR=" + dir}
-	procs := make([]*proc, n)
-	for i := range procs {
-		procs[i] = startWarden(t, env, "--store", url, "lock", "run", "nightly-report", "--ttl", "10s", "--", selfBin)
-	}
-	for i, p := range procs {
-		if r := p.wait(t, 120*time.Second); r.code != 0 {
-			t.Fatalf("process %d: %s", i, r)
-		}
-	}
-	b, err := os.ReadFile(filepath.Join(dir, "tokens"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	if len(lines) != n {
-		t.Fatalf("want %d runs, got %d:\n%s", n, len(lines), b)
-	}
-	var last int64
-	for _, l := range lines {
-		key, tok, _ := strings.Cut(l, " ")
-		v, err := strconv.ParseInt(tok, 10, 64)
-		if key != "nightly-report" || err != nil || v <= last {
-			t.Fatalf("runs in lock order must carry increasing fencing tokens:\n%s", b)
-		}
-		last = v
-	}
-	if _, err := os.Stat(filepath.Join(dir, "marker")); !os.IsNotExist(err) {
-		t.Fatalf("a run left its marker: %v", err)
-	}
-	want(t, runWarden(t, nil, "--store", url, "lock", "show", "nightly-report"), exitNotFound)
+	concurrentLockRuns(t, t.TempDir(), e2eMySQLStore(t))
 }
 
 // TestE2EMySQLNoWaitWhileHeld checks `lock run --no-wait` against a lock

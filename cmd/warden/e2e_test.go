@@ -227,6 +227,15 @@ func holder(t *testing.T, url, key string) (p *proc, stop func()) {
 
 func TestE2EConcurrentLockRunNeverOverlaps(t *testing.T) {
 	dir, url := e2eStore(t)
+	concurrentLockRuns(t, dir, url)
+}
+
+// concurrentLockRuns runs 8 `warden lock run` processes at once on one lock
+// of the store at url, with exclusive-marker commands that use dir: the
+// commands must run one at a time, in order of increasing fencing token,
+// and the lock must be free afterwards.
+func concurrentLockRuns(t *testing.T, dir, url string) {
+	t.Helper()
 	const n = 8
 	env := []string{"WARDEN_CLI_TEST_HELPER=exclusive", "HELPER_DIR=" + dir}
 	procs := make([]*proc, n)
