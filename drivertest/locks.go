@@ -519,7 +519,9 @@ func (s *suite) lockFencing(t *testing.T) {
 
 	r := acquire(l, "a", time.Minute, "first acquire")
 	release(l, r)
-	r = acquire(l, "b", 100*time.Millisecond, "acquire after release")
+	// The first holding lasts long enough for a slow server to answer the
+	// re-acquire within it; the re-acquire shortens it to 100 ms.
+	r = acquire(l, "b", 5*time.Second, "acquire after release")
 	again := acquire(l, "b", 100*time.Millisecond, "re-acquire by the holder")
 	if again.Token != r.Token {
 		t.Errorf("re-acquire by the holder changed the token from %d to %d", r.Token, again.Token)

@@ -732,7 +732,10 @@ func (s *suite) portableLockHandoff(t *testing.T) {
 	// notification, while polling alone takes 0.5–1 s.
 	const retry = time.Second
 	const slack = 2 * time.Second
-	const quick = 250 * time.Millisecond // median hand-off with notifications
+	// A median under 400 ms can only come from notifications: polling
+	// alone never hands off in under half a second. (Busy 2-core machines
+	// running a server like FerretDB see medians of 60–280 ms.)
+	const quick = 400 * time.Millisecond // median hand-off with notifications
 	cfgs, st := s.fleetConfigs(t, "portable-lock-holder", 1)
 	canWatch := st.Locks().CanWatch()
 	rounds := 8
