@@ -69,4 +69,9 @@ ensure_redis() {
 [ -f "$root/store/postgres/go.mod" ] && ensure_postgres
 [ -f "$root/store/mysql/go.mod" ] && ensure_mariadb
 [ -f "$root/store/redis/go.mod" ] && ensure_redis
+# MongoDB (FerretDB embedded in testenv/ferretdb) and DynamoDB (dynalite from
+# testenv/dynalite): each folder's up.sh builds or installs, starts on a free
+# loopback port, and prints its export line.
+[ -f "$root/store/mongo/go.mod" ] && "$root/testenv/ferretdb/up.sh"
+[ -f "$root/store/dynamo/go.mod" ] && "$root/testenv/dynalite/up.sh"
 true

@@ -1,0 +1,545 @@
+package mongo
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/warden-go/warden/driver"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+)
+
+// Event kinds, as stored in the event collection.
+const (
+	evInit           = "init" // the collection's first document (tailable cursors need one)
+	evAcquired       = "acquired"
+	evReleased       = "released"
+	evCircuit        = "circuit"
+	evCircuitDeleted = "circuit-deleted"
+)
+
+// evDoc is one document of the capped event collection.
+type evDoc struct {
+	ID    bson.ObjectID `bson:"_id"`
+	Kind  string        `bson:"kind"`
+	NS    string        `bson:"ns"`
+	Key   string        `bson:"key"` // the stored key (prefix + tag + key)
+	Owner string        `bson:"owner,omitempty"`
+	Token int64         `bson:"token,omitempty"`
+	At    time.Time     `bson:"at"`
+	C     *circDoc      `bson:"c,omitempty"` // the circuit's new state
+}
+
+// evQueue is the capacity of the event writer's queue.
+const evQueue = 4096
+
+// evBatch is the most events written by one insertMany.
+const evBatch = 256
+
+// evWriter writes the store's events to the capped collection from one
+// goroutine, in the order the operations completed, batching what queues
+// up while an insert is in flight. The operation that made the change does
+// not wait for its event: the lock's own update stays one round trip, and
+// the event follows it on the wire a moment later.
+type evWriter struct {
+	s      *store
+	mu     sync.RWMutex
+	closed bool
+	q      chan evDoc
+	done   chan struct{}
+
+	warned  time.Time // last failure logged (writer goroutine only)
+	trimmed time.Time // last trim (writer goroutine only)
+}
+
+// trim deletes events older than the retention, keeping the newest
+// document (tailing resumes from it). MongoDB overwrites a capped
+// collection's oldest documents itself; servers that do not (FerretDB
+// embedded as a library never trims, and its tailable cursors re-read the
+// whole collection on every poll) stay small this way. Failures are
+// ignored: the next trim tries again.
+func (w *evWriter) trim(ctx context.Context) {
+	var newest struct {
+		ID bson.ObjectID `bson:"_id"`
+	}
+	err := w.s.events.FindOne(ctx, bson.D{}, options.FindOne().SetSort(set("$natural", -1)).SetProjection(set("_id", 1))).Decode(&newest)
+	if err != nil {
+		return
+	}
+	_, _ = w.s.events.DeleteMany(ctx, bson.D{
+		{Key: "at", Value: set("$lt", now().Add(-w.s.evRetention))},
+		{Key: "_id", Value: set("$ne", newest.ID)},
+	})
+}
+
+func newEvWriter(s *store) *evWriter {
+	w := &evWriter{s: s, q: make(chan evDoc, evQueue), done: make(chan struct{}), trimmed: time.Now()}
+	go w.run()
+	return w
+}
+
+// emit queues an event; when the queue is full it waits for room (or for
+// ctx to end, dropping the event).
+func (w *evWriter) emit(ctx context.Context, ev evDoc) {
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	if w.closed {
+		return
+	}
+	select {
+	case w.q <- ev:
+	default:
+		select {
+		case w.q <- ev:
+		case <-ctx.Done():
+		}
+	}
+}
+
+func (w *evWriter) run() {
+	defer close(w.done)
+	batch := make([]any, 0, evBatch)
+	for ev := range w.q {
+		batch = append(batch[:0], ev)
+	fill:
+		for len(batch) < evBatch {
+			select {
+			case e, ok := <-w.q:
+				if !ok {
+					break fill
+				}
+				batch = append(batch, e)
+			default:
+				break fill
+			}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err := w.s.events.InsertMany(ctx, batch)
+		if err == nil && time.Since(w.trimmed) > w.s.evRetention/4 {
+			w.trimmed = time.Now()
+			w.trim(ctx)
+		}
+		cancel()
+		if err != nil && time.Since(w.warned) > time.Minute {
+			w.warned = time.Now()
+			w.s.log.Warn("warden: writing lock/circuit events failed; watchers in other processes miss them",
+				"collection", w.s.names.Events, "events", len(batch), "error", err.Error())
+		}
+	}
+}
+
+// close writes the events still queued and stops the writer.
+func (w *evWriter) close() {
+	w.mu.Lock()
+	if !w.closed {
+		w.closed = true
+		close(w.q)
+	}
+	w.mu.Unlock()
+	<-w.done
+}
+
+func (s *store) emitLock(ctx context.Context, kind, sk, owner string, token int64, at time.Time) {
+	if s.ev != nil {
+		s.ev.emit(ctx, evDoc{ID: bson.NewObjectID(), Kind: kind, NS: s.prefix, Key: sk, Owner: owner, Token: token, At: at})
+	}
+}
+
+// emitCircuit queues a circuit's new state; d == nil: deleted.
+func (s *store) emitCircuit(ctx context.Context, sk string, d *circDoc, at time.Time) {
+	if s.ev == nil {
+		return
+	}
+	ev := evDoc{ID: bson.NewObjectID(), Kind: evCircuit, NS: s.prefix, Key: sk, At: at}
+	if d == nil {
+		ev.Kind = evCircuitDeleted
+	} else {
+		c := *d
+		c.Key = ""
+		ev.C = &c
+	}
+	s.ev.emit(ctx, ev)
+}
+
+// ---------------------------------------------------------------------------
+// watching
+
+// watchBuffer is the capacity of each watch channel. A watcher that lets it
+// fill up loses events and gets an EventsLost marker once there is room.
+const watchBuffer = 256
+
+var errClosed = errors.New("mongo: store closed")
+
+// hub owns the store's event watcher: one goroutine, started by the first
+// WatchLocks or WatchCircuits call and stopped when the last watch ends or
+// the store closes. It reads the capped event collection with a tailable,
+// awaitData cursor and fans the namespace's events out to the subscribers.
+type hub struct {
+	s *store
+
+	mu     sync.Mutex
+	subs   map[*watchSub]struct{}
+	run    *watchRun
+	closed bool
+	wg     sync.WaitGroup
+}
+
+type watchRun struct{ cancel context.CancelFunc }
+
+type watchSub struct {
+	locks   chan driver.LockEvent
+	circs   chan driver.CircuitRecord
+	lost    bool
+	stopCtx func() bool
+}
+
+func newHub(s *store) *hub { return &hub{s: s, subs: map[*watchSub]struct{}{}} }
+
+// WatchLocks implements driver.LockNotifier.
+func (s *store) WatchLocks(ctx context.Context) (<-chan driver.LockEvent, error) {
+	sub := &watchSub{locks: make(chan driver.LockEvent, watchBuffer)}
+	if err := s.hub.subscribe(ctx, sub); err != nil {
+		return nil, err
+	}
+	return sub.locks, nil
+}
+
+// WatchCircuits implements driver.CircuitNotifier.
+func (s *store) WatchCircuits(ctx context.Context) (<-chan driver.CircuitRecord, error) {
+	sub := &watchSub{circs: make(chan driver.CircuitRecord, watchBuffer)}
+	if err := s.hub.subscribe(ctx, sub); err != nil {
+		return nil, err
+	}
+	return sub.circs, nil
+}
+
+// subscribe registers sub until ctx ends, starting the watcher if needed.
+// Every event written after subscribe returns is delivered to sub.
+func (h *hub) subscribe(ctx context.Context, sub *watchSub) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return errClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if h.run == nil {
+		if err := h.start(ctx); err != nil {
+			return ctxErr(ctx, err)
+		}
+	}
+	h.subs[sub] = struct{}{}
+	sub.stopCtx = context.AfterFunc(ctx, func() { h.unsubscribe(sub) })
+	return nil
+}
+
+func (h *hub) unsubscribe(sub *watchSub) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, ok := h.subs[sub]; !ok {
+		return
+	}
+	delete(h.subs, sub)
+	sub.close()
+	if len(h.subs) == 0 && h.run != nil {
+		h.run.cancel()
+		h.run = nil
+	}
+}
+
+func (sub *watchSub) close() {
+	if sub.locks != nil {
+		close(sub.locks)
+	} else {
+		close(sub.circs)
+	}
+}
+
+// close stops the watcher, closes every channel and waits for the watcher
+// goroutine to end.
+func (h *hub) close() {
+	h.mu.Lock()
+	h.closed = true
+	for sub := range h.subs {
+		sub.stopCtx()
+		sub.close()
+	}
+	clear(h.subs)
+	if h.run != nil {
+		h.run.cancel()
+		h.run = nil
+	}
+	h.mu.Unlock()
+	h.wg.Wait()
+}
+
+// newest returns the id of the event collection's last document.
+func (h *hub) newest(ctx context.Context) (bson.ObjectID, error) {
+	var d struct {
+		ID bson.ObjectID `bson:"_id"`
+	}
+	err := h.s.events.FindOne(ctx, bson.D{}, options.FindOne().SetSort(set("$natural", -1)).SetProjection(set("_id", 1))).Decode(&d)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		if err := h.s.migrateEvents(ctx); err != nil {
+			return bson.ObjectID{}, err
+		}
+		err = h.s.events.FindOne(ctx, bson.D{}, options.FindOne().SetSort(set("$natural", -1)).SetProjection(set("_id", 1))).Decode(&d)
+	}
+	return d.ID, err
+}
+
+// start finds where the event stream stands and starts the goroutine.
+// Called with h.mu held.
+func (h *hub) start(ctx context.Context) error {
+	last, err := h.newest(ctx)
+	if err != nil {
+		return err
+	}
+	rctx, cancel := context.WithCancel(context.Background())
+	run := &watchRun{cancel: cancel}
+	h.run = run
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		defer cancel()
+		h.loop(rctx, run, last)
+	}()
+	return nil
+}
+
+// loop tails the event collection. A tailable cursor starts at the
+// collection's beginning, so each (re)opened cursor skips to the last
+// event delivered, by its _id; if that event has been overwritten (the
+// capped collection wrapped while the cursor was down), the subscribers
+// are told events were lost and the stream continues from its end.
+func (h *hub) loop(ctx context.Context, run *watchRun, last bson.ObjectID) {
+	backoff := minBackoff
+	for ctx.Err() == nil {
+		passed, got, err := h.tail(ctx, run, &last)
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil && !passed {
+			// The last event seen is gone: events may have been missed.
+			if !h.deliver(run, nil, true) {
+				return
+			}
+			if id, err := h.newest(ctx); err == nil {
+				last = id
+			}
+		}
+		if got {
+			backoff = minBackoff
+		} else if backoff < maxBackoff {
+			backoff = min(2*backoff, maxBackoff)
+		}
+		if err != nil {
+			h.s.log.Debug("warden: the event cursor ended; reopening", "error", err.Error())
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// tail reads one tailable cursor until it dies. passed reports whether it
+// reached the last event seen before; got whether it delivered anything.
+//
+// On MongoDB the cursor is tailable and awaitData: a getMore waits on the
+// server until an event is inserted. FerretDB (found by the capability
+// probe) implements awaitData by re-running the query under a timeout
+// whose expiry can interrupt other statements on its SQLite connections,
+// so there the cursor is plainly tailable and the store waits pollEvery
+// between empty getMores.
+func (h *hub) tail(ctx context.Context, run *watchRun, last *bson.ObjectID) (passed, got bool, err error) {
+	o := options.Find().SetBatchSize(1)
+	if h.s.scans {
+		o.SetCursorType(options.Tailable)
+	} else {
+		o.SetCursorType(options.TailableAwait).SetMaxAwaitTime(awaitTime)
+	}
+	cur, err := h.s.events.Find(ctx, bson.D{}, o)
+	if err != nil {
+		return true, false, err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = cur.Close(cctx)
+	}()
+	cur.SetBatchSize(evBatch)
+	passed = last.IsZero()
+	var batch []evDoc
+	flush := func() bool {
+		if len(batch) == 0 {
+			return true
+		}
+		got = true
+		ok := h.deliver(run, batch, false)
+		batch = batch[:0]
+		return ok
+	}
+	for {
+		if !cur.TryNext(ctx) {
+			if !flush() {
+				return true, got, nil
+			}
+			if cur.Err() != nil || cur.ID() == 0 || ctx.Err() != nil {
+				break
+			}
+			if h.s.scans {
+				t := time.NewTimer(pollEvery)
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					return passed, got, ctx.Err()
+				case <-t.C:
+				}
+			}
+			continue
+		}
+		var e evDoc
+		if err := cur.Decode(&e); err != nil {
+			continue
+		}
+		if !passed {
+			passed = e.ID == *last
+			continue
+		}
+		*last = e.ID
+		if e.Kind == evInit || e.NS != h.s.prefix {
+			continue
+		}
+		batch = append(batch, e)
+		if cur.RemainingBatchLength() == 0 || len(batch) >= evBatch {
+			if !flush() {
+				return true, got, nil
+			}
+		}
+	}
+	flush()
+	return passed, got, cur.Err()
+}
+
+// deliver fans evs out to the subscribers without ever blocking. gap:
+// events were lost, every subscriber is owed an EventsLost marker. It
+// reports false if run is no longer the current watcher.
+func (h *hub) deliver(run *watchRun, evs []evDoc, gap bool) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.run != run {
+		return false
+	}
+	for sub := range h.subs {
+		if gap {
+			sub.lost = true
+		}
+		sub.flushLost()
+	}
+	for _, e := range evs {
+		if le, ok := h.lockEvent(e); ok {
+			for sub := range h.subs {
+				if sub.locks != nil && sub.flushLost() {
+					select {
+					case sub.locks <- le:
+					default:
+						sub.lost = true
+					}
+				}
+			}
+			continue
+		}
+		if cr, ok := h.circuitEvent(e); ok {
+			for sub := range h.subs {
+				if sub.circs != nil && sub.flushLost() {
+					select {
+					case sub.circs <- cr:
+					default:
+						sub.lost = true
+					}
+				}
+			}
+		}
+	}
+	return true
+}
+
+// flushLost sends an owed EventsLost marker if there is room; it reports
+// whether nothing is owed any more.
+func (sub *watchSub) flushLost() bool {
+	if !sub.lost {
+		return true
+	}
+	if sub.locks != nil {
+		select {
+		case sub.locks <- driver.LockEvent{Kind: driver.EventsLost}:
+			sub.lost = false
+		default:
+		}
+	} else {
+		select {
+		case sub.circs <- driver.CircuitRecord{}:
+			sub.lost = false
+		default:
+		}
+	}
+	return !sub.lost
+}
+
+func (h *hub) lockEvent(e evDoc) (driver.LockEvent, bool) {
+	var kind driver.LockEventKind
+	switch e.Kind {
+	case evAcquired:
+		kind = driver.LockAcquired
+	case evReleased:
+		kind = driver.LockReleased
+	default:
+		return driver.LockEvent{}, false
+	}
+	key, ok := strings.CutPrefix(e.Key, h.s.lockPfx)
+	if !ok {
+		return driver.LockEvent{}, false
+	}
+	return driver.LockEvent{Kind: kind, Key: key, Owner: e.Owner, Token: e.Token, At: e.At.UTC().Truncate(time.Millisecond)}, true
+}
+
+func (h *hub) circuitEvent(e evDoc) (driver.CircuitRecord, bool) {
+	name, ok := strings.CutPrefix(e.Key, h.s.circPfx)
+	if !ok || name == "" {
+		return driver.CircuitRecord{}, false
+	}
+	switch {
+	case e.Kind == evCircuitDeleted:
+		return driver.CircuitRecord{Name: name, State: driver.Closed, UpdatedAt: e.At.UTC().Truncate(time.Millisecond)}, true
+	case e.Kind == evCircuit && e.C != nil:
+		return e.C.record(name), true
+	}
+	return driver.CircuitRecord{}, false
+}
+
+// The pause before reopening a dead event cursor: short, since a cursor
+// that died on an idle collection (servers close a tailable cursor whose
+// first batch was the whole collection) misses what comes meanwhile only
+// by that much; growing while reopening finds nothing new.
+const (
+	minBackoff = 10 * time.Millisecond
+	maxBackoff = 250 * time.Millisecond
+)
+
+// pollEvery is the pause between empty getMores on servers without a
+// usable awaitData (FerretDB).
+const pollEvery = 15 * time.Millisecond
+
+// awaitTime bounds how long the server holds a getMore on the tailable
+// cursor when no event is there (MongoDB answers as soon as one is
+// inserted; FerretDB may wait it out).
+const awaitTime = 100 * time.Millisecond

@@ -1,0 +1,322 @@
+package mongo
+
+import (
+	"context"
+	"errors"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/warden-go/warden/driver"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+)
+
+// locks is the lock driver.
+//
+// A lock document: key (prefix + "lock:" + key), namespace, owner, token,
+// acquiredAt, expiresAt, released, releasedAt, createdAt, updatedAt. The
+// document is kept after release (released: true, expiresAt lowered to the
+// release time) so that its token carries on; the TTL index deletes it
+// LockRetention after its holding ended.
+//
+// Fencing tokens. A new holding gets the candidate token
+// TokenBase(now) = now in ms × 4096, from the client's clock, if that is
+// greater than the document's token; the acquire's filter requires it
+// (token < candidate), so the one update both checks and sets it. When the
+// candidate is not greater (a second holding within the same millisecond,
+// or a client whose clock is behind the last holder's), the acquire falls
+// back to a compare-and-swap on the token it read, setting token + 1.
+// Either way the token only grows, strictly, and a document recreated after
+// the retention starts above every token the old one handed out.
+type locks struct{ s *store }
+
+type lockDoc struct {
+	Key        string     `bson:"key"`
+	Owner      string     `bson:"owner"`
+	Token      int64      `bson:"token"`
+	AcquiredAt *time.Time `bson:"acquiredAt"`
+	ExpiresAt  *time.Time `bson:"expiresAt"`
+	Released   bool       `bson:"released"`
+}
+
+func (d lockDoc) record(key string) driver.LockRecord {
+	return driver.LockRecord{Key: key, Owner: d.Owner, Token: d.Token, AcquiredAt: utc(d.AcquiredAt), ExpiresAt: utc(d.ExpiresAt)}
+}
+
+// liveAt reports whether the document is a live holding at t.
+func (d lockDoc) liveAt(t time.Time) bool {
+	return !d.Released && d.ExpiresAt != nil && d.ExpiresAt.After(t)
+}
+
+// free is the condition of a document without a live holding at t.
+func free(t time.Time) bson.E {
+	return bson.E{Key: "$or", Value: bson.A{
+		bson.D{{Key: "released", Value: true}},
+		bson.D{{Key: "expiresAt", Value: bson.D{{Key: "$lte", Value: t}}}},
+	}}
+}
+
+var lockProj = bson.D{{Key: "key", Value: 1}, {Key: "owner", Value: 1}, {Key: "token", Value: 1},
+	{Key: "acquiredAt", Value: 1}, {Key: "expiresAt", Value: 1}, {Key: "released", Value: 1}}
+
+// after1 returns the document as the update left it. (No projection:
+// FerretDB does not implement findAndModify's "fields".)
+func after1() *options.FindOneAndUpdateOptionsBuilder {
+	return options.FindOneAndUpdate().SetReturnDocument(options.After)
+}
+
+// Acquire implements driver.Locks. The uncontended path — the key absent,
+// released or expired, and the candidate token greater than the stored
+// one — is one findOneAndUpdate with upsert whose filter matches a free
+// document; an expired holding is taken over at once. When the filter
+// matches nothing the upsert collides with the existing document on the
+// unique _id (E11000): one read tells whether the lock is held by someone
+// else (returned, not acquired), is the caller's own live holding (renewed,
+// token kept) or is free with a token at or above the candidate (taken by
+// a compare-and-swap on the token read, setting max(candidate, token+1)).
+//
+// On a server that scans the collection for any filter but _id (FerretDB,
+// found by the capability probe in New), the first step is an insert
+// instead: a new key is still one round trip, and an existing one is read
+// by _id and updated by the compare-and-swap. A key the store has seen to
+// exist (a bounded set) is read first, saving the colliding insert.
+func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (driver.LockRecord, bool, error) {
+	s := l.s
+	sk := s.lockPfx + key
+	write := true // try the insert or upsert first: on the first attempt, and after finding no document
+	for range retryLimit {
+		t := now()
+		cand := driver.TokenBase(t)
+		var d lockDoc
+		if write && s.scans && s.knownLock(sk) {
+			write = false // seen to exist: read it rather than collide
+		}
+		if write && s.scans {
+			_, err := s.locks.InsertOne(ctx, bson.D{{Key: "_id", Value: s.docID(sk)}, {Key: "key", Value: sk},
+				{Key: "namespace", Value: s.prefix}, {Key: "owner", Value: owner}, {Key: "token", Value: cand},
+				{Key: "acquiredAt", Value: t}, {Key: "expiresAt", Value: after(t, ttl)}, {Key: "released", Value: false},
+				{Key: "releasedAt", Value: nil}, {Key: "createdAt", Value: t}, {Key: "updatedAt", Value: t}})
+			if err == nil {
+				s.rememberLock(sk, true)
+				s.emitLock(ctx, evAcquired, sk, owner, cand, t)
+				return driver.LockRecord{Key: key, Owner: owner, Token: cand, AcquiredAt: t, ExpiresAt: after(t, ttl)}, true, nil
+			}
+			if !isDup(err) {
+				return driver.LockRecord{}, false, ctxErr(ctx, err)
+			}
+		} else if write && !s.scans {
+			filter := append(s.nsKey(sk), bson.E{Key: "token", Value: bson.D{{Key: "$lt", Value: cand}}}, free(t))
+			update := bson.D{
+				{Key: "$set", Value: bson.D{{Key: "owner", Value: owner}, {Key: "token", Value: cand},
+					{Key: "acquiredAt", Value: t}, {Key: "expiresAt", Value: after(t, ttl)},
+					{Key: "released", Value: false}, {Key: "releasedAt", Value: nil}, {Key: "updatedAt", Value: t}}},
+				{Key: "$setOnInsert", Value: bson.D{{Key: "createdAt", Value: t}}},
+			}
+			err := s.locks.FindOneAndUpdate(ctx, filter, s.withIdent(update, sk), after1().SetUpsert(true)).Decode(&d)
+			if err == nil {
+				s.emitLock(ctx, evAcquired, sk, d.Owner, d.Token, t)
+				return d.record(key), true, nil
+			}
+			if !isDup(err) {
+				return driver.LockRecord{}, false, ctxErr(ctx, err)
+			}
+		}
+		// The document exists: read it.
+		err := s.locks.FindOne(ctx, s.nsKey(sk), options.FindOne().SetProjection(lockProj)).Decode(&d)
+		if s.scans {
+			s.rememberLock(sk, err == nil)
+		}
+		write = false
+		if errors.Is(err, mongo.ErrNoDocuments) {
+			write = true
+			continue // deleted meanwhile (purged): insert again
+		}
+		if err != nil {
+			return driver.LockRecord{}, false, ctxErr(ctx, err)
+		}
+		t = now()
+		switch {
+		case d.liveAt(t) && d.Owner != owner:
+			return d.record(key), false, nil
+		case d.liveAt(t):
+			// The caller's own live holding: renew it, keep the token.
+			f := append(s.nsKey(sk), bson.E{Key: "owner", Value: owner}, bson.E{Key: "token", Value: d.Token},
+				bson.E{Key: "released", Value: false}, bson.E{Key: "expiresAt", Value: bson.D{{Key: "$gt", Value: t}}})
+			u := bson.D{{Key: "$set", Value: bson.D{{Key: "expiresAt", Value: after(t, ttl)}, {Key: "updatedAt", Value: t}}}}
+			var r lockDoc
+			err := s.locks.FindOneAndUpdate(ctx, f, u, after1()).Decode(&r)
+			if err == nil {
+				return r.record(key), true, nil
+			}
+			if !errors.Is(err, mongo.ErrNoDocuments) {
+				return driver.LockRecord{}, false, ctxErr(ctx, err)
+			}
+		default:
+			// Free: compare-and-swap on the token read.
+			tok := max(driver.TokenBase(t), d.Token+1)
+			f := append(s.nsKey(sk), bson.E{Key: "token", Value: d.Token}, free(t))
+			u := bson.D{{Key: "$set", Value: bson.D{{Key: "owner", Value: owner}, {Key: "token", Value: tok},
+				{Key: "acquiredAt", Value: t}, {Key: "expiresAt", Value: after(t, ttl)}, {Key: "released", Value: false},
+				{Key: "releasedAt", Value: nil}, {Key: "updatedAt", Value: t}}}}
+			var r lockDoc
+			err := s.locks.FindOneAndUpdate(ctx, f, u, after1()).Decode(&r)
+			if err == nil {
+				s.emitLock(ctx, evAcquired, sk, r.Owner, r.Token, t)
+				return r.record(key), true, nil
+			}
+			if !errors.Is(err, mongo.ErrNoDocuments) {
+				return driver.LockRecord{}, false, ctxErr(ctx, err)
+			}
+		}
+		if err := ctx.Err(); err != nil {
+			return driver.LockRecord{}, false, err
+		}
+	}
+	return driver.LockRecord{}, false, errBusy
+}
+
+// knownLocks bounds how many lock keys a store remembers as existing.
+const knownLocks = 4096
+
+// knownLock reports whether this store has seen the lock document of sk:
+// on FerretDB the acquire then reads it first instead of trying an insert
+// that would collide.
+func (s *store) knownLock(sk string) bool {
+	s.knownMu.Lock()
+	defer s.knownMu.Unlock()
+	return s.known[sk]
+}
+
+func (s *store) rememberLock(sk string, exists bool) {
+	s.knownMu.Lock()
+	defer s.knownMu.Unlock()
+	if !exists {
+		delete(s.known, sk)
+		return
+	}
+	if s.known == nil || len(s.known) >= knownLocks {
+		s.known = map[string]bool{}
+	}
+	s.known[sk] = true
+}
+
+// Refresh implements driver.Locks: one findOneAndUpdate checked on owner,
+// token and liveness.
+func (l locks) Refresh(ctx context.Context, key, owner string, token int64, ttl time.Duration) (driver.LockRecord, bool, error) {
+	s := l.s
+	t := now()
+	f := append(s.nsKey(s.lockPfx+key), bson.E{Key: "owner", Value: owner}, bson.E{Key: "token", Value: token},
+		bson.E{Key: "released", Value: false}, bson.E{Key: "expiresAt", Value: bson.D{{Key: "$gt", Value: t}}})
+	u := bson.D{{Key: "$set", Value: bson.D{{Key: "expiresAt", Value: after(t, ttl)}, {Key: "updatedAt", Value: t}}}}
+	var d lockDoc
+	err := s.locks.FindOneAndUpdate(ctx, f, u, after1()).Decode(&d)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return driver.LockRecord{}, false, nil
+	}
+	if err != nil {
+		return driver.LockRecord{}, false, ctxErr(ctx, err)
+	}
+	return d.record(key), true, nil
+}
+
+// releaseUpdate marks a holding released at t; the document stays.
+func releaseUpdate(t time.Time) bson.D {
+	return bson.D{
+		{Key: "$set", Value: bson.D{{Key: "released", Value: true}, {Key: "releasedAt", Value: t}, {Key: "updatedAt", Value: t}}},
+		{Key: "$min", Value: bson.D{{Key: "expiresAt", Value: t}}},
+	}
+}
+
+// Release implements driver.Locks: one updateOne checked on owner and
+// token, expired or not.
+func (l locks) Release(ctx context.Context, key, owner string, token int64) (bool, error) {
+	s := l.s
+	sk := s.lockPfx + key
+	t := now()
+	f := append(s.nsKey(sk), bson.E{Key: "owner", Value: owner}, bson.E{Key: "token", Value: token}, bson.E{Key: "released", Value: false})
+	res, err := s.locks.UpdateOne(ctx, f, releaseUpdate(t))
+	if err != nil {
+		return false, ctxErr(ctx, err)
+	}
+	if res.MatchedCount == 0 {
+		return false, nil
+	}
+	s.emitLock(ctx, evReleased, sk, owner, token, t)
+	return true, nil
+}
+
+// ForceRelease implements driver.Locks.
+func (l locks) ForceRelease(ctx context.Context, key string) (bool, error) {
+	s := l.s
+	sk := s.lockPfx + key
+	t := now()
+	f := append(s.nsKey(sk), bson.E{Key: "released", Value: false}, bson.E{Key: "expiresAt", Value: bson.D{{Key: "$gt", Value: t}}})
+	var d lockDoc
+	err := s.locks.FindOneAndUpdate(ctx, f, releaseUpdate(t)).Decode(&d)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return false, nil
+	}
+	if err != nil {
+		return false, ctxErr(ctx, err)
+	}
+	s.emitLock(ctx, evReleased, sk, d.Owner, d.Token, t)
+	return true, nil
+}
+
+// liveLock is the condition of a live holding at t.
+func liveLock(t time.Time) bson.D {
+	return bson.D{{Key: "released", Value: false}, {Key: "expiresAt", Value: bson.D{{Key: "$gt", Value: t}}}}
+}
+
+// Get implements driver.Locks.
+func (l locks) Get(ctx context.Context, key string) (driver.LockRecord, bool, error) {
+	s := l.s
+	var d lockDoc
+	t := now()
+	err := s.locks.FindOne(ctx, s.nsKey(s.lockPfx+key), options.FindOne().SetProjection(lockProj)).Decode(&d)
+	if errors.Is(err, mongo.ErrNoDocuments) || (err == nil && !d.liveAt(t)) {
+		return driver.LockRecord{}, false, nil
+	}
+	if err != nil {
+		return driver.LockRecord{}, false, ctxErr(ctx, err)
+	}
+	return d.record(key), true, nil
+}
+
+// List implements driver.Locks.
+func (l locks) List(ctx context.Context, pattern driver.Pattern) ([]driver.LockRecord, error) {
+	s := l.s
+	var out []driver.LockRecord
+	f := append(s.keyRange("key", s.lockPfx+pattern.Prefix()), liveLock(now())...)
+	err := findAll(ctx, s.locks, f, lockProj, func(d *lockDoc) {
+		if key, ok := strings.CutPrefix(d.Key, s.lockPfx); ok && pattern.Match(key) {
+			out = append(out, d.record(key))
+		}
+	})
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out, err
+}
+
+// findAll runs a find and calls each for every decoded document, reading
+// every batch.
+func findAll[T any](ctx context.Context, c *mongo.Collection, filter bson.D, proj bson.D, each func(*T)) error {
+	o := options.Find()
+	if proj != nil {
+		o.SetProjection(proj)
+	}
+	cur, err := c.Find(ctx, filter, o)
+	if err != nil {
+		return ctxErr(ctx, err)
+	}
+	defer cur.Close(context.WithoutCancel(ctx))
+	for cur.Next(ctx) {
+		var d T
+		if err := cur.Decode(&d); err != nil {
+			return err
+		}
+		each(&d)
+	}
+	return ctxErr(ctx, cur.Err())
+}

@@ -1,0 +1,198 @@
+package mongo_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/warden-go/warden"
+	"github.com/warden-go/warden/driver"
+	"github.com/warden-go/warden/store/mongo"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/event"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+)
+
+// counter counts the commands a client sends (each is one round trip),
+// apart from those on the event collection, which the store's event
+// writer sends in the background (inserts, and now and then a trim); those
+// are counted separately.
+type counter struct {
+	cmds, events atomic.Int64
+}
+
+func (c *counter) monitor() *event.CommandMonitor {
+	return &event.CommandMonitor{Started: func(_ context.Context, e *event.CommandStartedEvent) {
+		if coll, ok := e.Command.Lookup(e.CommandName).StringValueOK(); ok && coll == mongo.DefaultEventsCollection {
+			c.events.Add(1)
+			return
+		}
+		c.cmds.Add(1)
+	}}
+}
+
+// newCountingStore opens a store with New on a client whose commands are
+// counted.
+func newCountingStore(t testing.TB, prefix string) (*warden.Store, *counter) {
+	c := &counter{}
+	db := testDB(t, options.Client().SetMonitor(c.monitor()))
+	st, err := mongo.New(db, &mongo.Options{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		st.Close()
+		if err := db.Client().Ping(context.Background(), nil); err != nil {
+			t.Errorf("the client given to New was disconnected with the store: %v", err)
+		}
+	})
+	return st, c
+}
+
+// TestRoundTrips counts the commands (round trips) of every driver
+// operation on its common path, with the driver's command monitor.
+func TestRoundTrips(t *testing.T) {
+	st, n := newCountingStore(t, "roundtrips-"+time.Now().Format("150405.000000")+":")
+	ctx := context.Background()
+	count := func(name string, want int64, f func() error) {
+		t.Helper()
+		before := n.cmds.Load()
+		if err := f(); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if got := n.cmds.Load() - before; got != want {
+			t.Errorf("%s: %d round trips, want %d", name, got, want)
+		} else {
+			t.Logf("%s: %d round trips", name, got)
+		}
+	}
+	// FerretDB scans the collection for any filter but _id, so there the
+	// store inserts a new lock document, and reads a lock it has seen
+	// before by _id and then updates it (see locks.Acquire).
+	var info bson.M
+	ferret := testDB(t, nil).RunCommand(ctx, bson.D{{Key: "buildInfo", Value: 1}}).Decode(&info) == nil && info["ferretdbVersion"] != nil
+	pick := func(mongoDB, ferretDB int64) int64 {
+		if ferret {
+			return ferretDB
+		}
+		return mongoDB
+	}
+	d := st.Driver()
+	lk, cb, ca, id, cp := d.Locks(), d.Circuits(), d.Cache(), d.Idempotency(), d.Checkpoints()
+	var token int64
+	count("Locks.Acquire (new key)", 1, func() error {
+		l, ok, err := lk.Acquire(ctx, "k", "a", time.Minute)
+		if err == nil && !ok {
+			t.Error("not acquired")
+		}
+		token = l.Token
+		return err
+	})
+	count("Locks.Acquire (held by another)", pick(2, 1), func() error {
+		_, ok, err := lk.Acquire(ctx, "k", "b", time.Minute)
+		if ok {
+			t.Error("acquired a held lock")
+		}
+		return err
+	})
+	count("Locks.Acquire (own live holding, renewed)", pick(3, 2), func() error {
+		l, ok, err := lk.Acquire(ctx, "k", "a", time.Minute)
+		if err == nil && (!ok || l.Token != token) {
+			t.Errorf("re-acquire: ok=%v token %d, want %d", ok, l.Token, token)
+		}
+		return err
+	})
+	count("Locks.Refresh", 1, func() error {
+		_, ok, err := lk.Refresh(ctx, "k", "a", token, time.Minute)
+		if err == nil && !ok {
+			t.Error("refresh refused")
+		}
+		return err
+	})
+	count("Locks.Release", 1, func() error {
+		ok, err := lk.Release(ctx, "k", "a", token)
+		if err == nil && !ok {
+			t.Error("release refused")
+		}
+		return err
+	})
+	time.Sleep(2 * time.Millisecond) // a later millisecond: the candidate token is above the stored one
+	count("Locks.Acquire (released key)", pick(1, 2), func() error {
+		l, ok, err := lk.Acquire(ctx, "k", "b", time.Minute)
+		if err == nil && (!ok || l.Token <= token) {
+			t.Errorf("acquire after release: ok=%v token %d, want > %d", ok, l.Token, token)
+		}
+		return err
+	})
+	count("Locks.Get", 1, func() error { _, _, err := lk.Get(ctx, "k"); return err })
+	count("Circuits.RecordFailure (closed, below the threshold)", 1, func() error {
+		r, err := cb.RecordFailure(ctx, "c", 5)
+		if err == nil && r.State != driver.Closed {
+			t.Errorf("state %s", r.State)
+		}
+		return err
+	})
+	count("Circuits.RecordSuccess (closed)", 1, func() error { _, err := cb.RecordSuccess(ctx, "c"); return err })
+	count("Circuits.RecordFailure (opening, threshold 1)", 1, func() error {
+		r, err := cb.RecordFailure(ctx, "c", 1)
+		if err == nil && r.State != driver.Open {
+			t.Errorf("state %s", r.State)
+		}
+		return err
+	})
+	count("Circuits.RecordFailure (open, threshold 1)", 2, func() error { _, err := cb.RecordFailure(ctx, "c", 1); return err })
+	count("Circuits.TryProbe (granted)", 1, func() error {
+		_, ok, err := cb.TryProbe(ctx, "c", "p", 0, time.Minute)
+		if err == nil && !ok {
+			t.Error("probe refused")
+		}
+		return err
+	})
+	count("Circuits.TryProbe (refused)", 2, func() error { _, _, err := cb.TryProbe(ctx, "c", "q", 0, time.Minute); return err })
+	count("Cache.Set", 1, func() error { return ca.Set(ctx, "c", []byte("v"), time.Minute) })
+	count("Cache.SetIfAbsent", 1, func() error {
+		ok, err := ca.SetIfAbsent(ctx, "c", []byte("w"), time.Minute)
+		if ok {
+			t.Error("SetIfAbsent replaced a live entry")
+		}
+		return err
+	})
+	count("Cache.Get", 1, func() error {
+		e, ok, err := ca.Get(ctx, "c")
+		if err == nil && (!ok || string(e.Value) != "v") {
+			t.Errorf("Get: %v %q", ok, e.Value)
+		}
+		return err
+	})
+	count("Idempotency.Claim (new key)", 1, func() error {
+		_, o, err := id.Claim(ctx, "i", "a", time.Minute, "fp")
+		if err == nil && o != driver.Claimed {
+			t.Errorf("outcome %v", o)
+		}
+		return err
+	})
+	count("Idempotency.Claim (in progress)", 2, func() error { _, _, err := id.Claim(ctx, "i", "b", time.Minute, "fp"); return err })
+	count("Idempotency.Extend", 1, func() error { _, err := id.Extend(ctx, "i", "a", time.Minute); return err })
+	count("Idempotency.Complete", 1, func() error { _, err := id.Complete(ctx, "i", "a", []byte("r"), time.Minute); return err })
+	count("Checkpoints.Fence (new task)", 6, func() error { _, err := cp.Fence(ctx, "t", 5); return err })
+	count("Checkpoints.Save", 2, func() error {
+		_, ok, err := cp.Save(ctx, driver.CheckpointInput{TaskID: "t", Progress: 1, Token: 5})
+		if err == nil && !ok {
+			t.Error("save refused")
+		}
+		return err
+	})
+	count("Checkpoints.Fence", 1, func() error { _, err := cp.Fence(ctx, "t", 6); return err })
+	count("Checkpoints.Latest", 1, func() error { _, _, err := cp.Latest(ctx, "t"); return err })
+
+	// The lock and circuit changes above each queued one event; the writer
+	// sends them in batches, off the operations' path.
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("event-collection commands sent in the background: %d (for 13 lock and circuit changes)", n.events.Load())
+	if n.events.Load() == 0 {
+		t.Error("no event was written")
+	}
+}

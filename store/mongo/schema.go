@@ -1,0 +1,152 @@
+package mongo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+)
+
+// LockRetention is how long the TTL index keeps a lock document after its
+// holding ended (released or expired): the document carries the lock's
+// fencing-token counter, see docs/design.md. It matches Store.Purge's
+// default lock retention.
+const LockRetention = 24 * time.Hour
+
+// ttlWarn logs a server without TTL indexes once per process; noTTL
+// remembers the servers (serverKey) that answered so.
+var (
+	ttlWarn sync.Once
+	noTTL   sync.Map
+)
+
+// Server error codes the store handles.
+const (
+	codeNamespaceExists      = 48
+	codeIndexOptionsConflict = 85
+	codeIndexKeySpecConflict = 86
+	codeNotImplemented       = 238
+)
+
+// serverCode returns the server error code of err, 0 if none.
+func serverCode(err error) int {
+	var se mongo.ServerError
+	if errors.As(err, &se) {
+		for _, c := range []int{codeNamespaceExists, codeIndexOptionsConflict, codeIndexKeySpecConflict, codeNotImplemented} {
+			if se.HasErrorCode(c) {
+				return c
+			}
+		}
+	}
+	return 0
+}
+
+// index is one index the store wants.
+type index struct {
+	coll   *mongo.Collection
+	keys   bson.D
+	name   string
+	unique bool
+	ttl    int32 // expireAfterSeconds; -1: not a TTL index
+}
+
+// indexes lists the store's indexes: a unique index on each record's key
+// within its namespace, TTL indexes on expiresAt where records expire (for
+// locks, after the retention that keeps their fencing counter), the unique
+// {taskId, sequence} of checkpoints and the fences' unique task id.
+func (s *store) indexes() []index {
+	keyNS := bson.D{{Key: "key", Value: 1}, {Key: "namespace", Value: 1}}
+	exp := bson.D{{Key: "expiresAt", Value: 1}}
+	return []index{
+		{s.locks, keyNS, "warden_key_namespace", true, -1},
+		{s.locks, exp, "warden_expiresAt_ttl", false, int32(LockRetention / time.Second)},
+		{s.circs, keyNS, "warden_key_namespace", true, -1},
+		{s.cache, keyNS, "warden_key_namespace", true, -1},
+		{s.cache, exp, "warden_expiresAt_ttl", false, 0},
+		{s.idem, keyNS, "warden_key_namespace", true, -1},
+		{s.idem, exp, "warden_expiresAt_ttl", false, 0},
+		{s.cps, bson.D{{Key: "taskId", Value: 1}, {Key: "sequence", Value: 1}, {Key: "namespace", Value: 1}}, "warden_task_sequence", true, -1},
+		{s.fences, bson.D{{Key: "taskId", Value: 1}, {Key: "namespace", Value: 1}}, "warden_task", true, -1},
+	}
+}
+
+// Migrate implements driver.Migrator: it creates the capped event
+// collection (with its first document, which tailable cursors need) and,
+// unless DisableAutoIndex, the indexes. It is idempotent and works on
+// collections the go-go-scope adapter created. A server without TTL
+// indexes (FerretDB answers "not implemented", code 238) is logged once
+// and tolerated: every operation checks expiry itself and Purge collects
+// the garbage. An index that exists under another name or with other
+// options (a go-go-scope TTL index, say) is kept, with a warning.
+func (s *store) Migrate(ctx context.Context) error {
+	if err := s.migrateEvents(ctx); err != nil {
+		return ctxErr(ctx, fmt.Errorf("mongo: creating the event collection: %w", err))
+	}
+	if !s.autoIdx {
+		return nil
+	}
+	have := map[string]map[string]bool{} // collection → index names present
+	for _, ix := range s.indexes() {
+		names, ok := have[ix.coll.Name()]
+		if !ok {
+			names = map[string]bool{}
+			have[ix.coll.Name()] = names
+			if specs, err := ix.coll.Indexes().ListSpecifications(ctx); err == nil {
+				for _, sp := range specs {
+					names[sp.Name] = true
+				}
+			}
+		}
+		if names[ix.name] {
+			continue // present: creating it again would be a write for nothing
+		}
+		if _, no := noTTL.Load(s.serverKey()); no && ix.ttl >= 0 {
+			continue // this server said it has no TTL indexes
+		}
+		o := options.Index().SetName(ix.name)
+		if ix.unique {
+			o.SetUnique(true)
+		}
+		if ix.ttl >= 0 {
+			o.SetExpireAfterSeconds(ix.ttl)
+		}
+		_, err := ix.coll.Indexes().CreateOne(ctx, mongo.IndexModel{Keys: ix.keys, Options: o})
+		switch code := serverCode(err); {
+		case err == nil:
+		case code == codeNotImplemented && ix.ttl >= 0:
+			noTTL.Store(s.serverKey(), true)
+			ttlWarn.Do(func() {
+				s.log.Warn("warden: the MongoDB server does not implement TTL indexes; expired records stay until Store.Purge deletes them (expiry is still checked by every operation)",
+					"collection", ix.coll.Name(), "error", err.Error())
+			})
+		case code == codeIndexOptionsConflict || code == codeIndexKeySpecConflict:
+			s.log.Warn("warden: an index on these keys exists already with other options; keeping it",
+				"collection", ix.coll.Name(), "index", ix.name, "error", err.Error())
+		default:
+			return ctxErr(ctx, fmt.Errorf("mongo: creating index %s on %s: %w", ix.name, ix.coll.Name(), err))
+		}
+	}
+	return nil
+}
+
+// migrateEvents creates the capped event collection and its first
+// document.
+func (s *store) migrateEvents(ctx context.Context) error {
+	names, err := s.db.ListCollectionNames(ctx, bson.D{{Key: "name", Value: s.names.Events}})
+	if err != nil || len(names) == 0 {
+		err = s.db.CreateCollection(ctx, s.names.Events, options.CreateCollection().SetCapped(true).SetSizeInBytes(s.evSize))
+		if err != nil && serverCode(err) != codeNamespaceExists {
+			return err
+		}
+	}
+	err = s.events.FindOne(ctx, bson.D{}).Err()
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		_, err = s.events.InsertOne(ctx, bson.D{{Key: "kind", Value: evInit}, {Key: "at", Value: now()}})
+	}
+	return err
+}
