@@ -1,0 +1,118 @@
+package dynamo
+
+import (
+	"context"
+	"sort"
+	"time"
+
+	"github.com/warden-go/warden/driver"
+)
+
+// cache is the cache driver. An entry is one item (pk
+// CACHE#<prefix>cache:<key>, sk METADATA) with data (absent for an empty
+// value) and, for entries with a TTL, expiresAtMs and expiresAt.
+type cache struct{ s *store }
+
+func cacheLive(it item, now int64) bool {
+	return it != nil && (!has(it, aExp) || gN(it, aExp) > now)
+}
+
+func (c cache) item(key string, value []byte, ttl time.Duration, now int64, req string) item {
+	it := itemKey(c.s.cachePfx+key, metaSK)
+	if len(value) > 0 {
+		it[aData] = vB(value)
+	}
+	if ttl > 0 {
+		exp := now + driver.Millis(ttl)
+		it[aExp] = vN(exp)
+		it[aTTL] = vN(ttlSeconds(exp))
+	}
+	if req != "" {
+		it[aReq] = vS(req)
+	}
+	return it
+}
+
+// Get implements driver.Cache: one consistent GetItem.
+func (c cache) Get(ctx context.Context, key string) (driver.CacheEntry, bool, error) {
+	it, err := c.s.get(ctx, "reading cache entry", c.s.cachePfx+key, metaSK)
+	if err != nil || !cacheLive(it, nowMs()) {
+		return driver.CacheEntry{}, false, err
+	}
+	return driver.CacheEntry{Key: key, Value: gB(it, aData), ExpiresAt: msTime(gN(it, aExp))}, true, nil
+}
+
+// Set implements driver.Cache: one PutItem.
+func (c cache) Set(ctx context.Context, key string, value []byte, ttl time.Duration) error {
+	_, err := c.s.put(ctx, "writing cache entry", c.item(key, value, ttl, nowMs(), ""), "", nil)
+	return err
+}
+
+// SetIfAbsent implements driver.Cache: one conditional PutItem (absent or
+// expired). When the condition fails the item is read back, in case the
+// SDK resent a put that had applied.
+func (c cache) SetIfAbsent(ctx context.Context, key string, value []byte, ttl time.Duration) (bool, error) {
+	now := nowMs()
+	req := reqID()
+	failed, err := c.s.put(ctx, "writing cache entry", c.item(key, value, ttl, now, req),
+		"attribute_not_exists(#pk) OR #expiresAtMs <= :now", item{":now": vN(now)})
+	if err != nil || !failed {
+		return err == nil, err
+	}
+	it, err := c.s.get(ctx, "reading cache entry", c.s.cachePfx+key, metaSK)
+	return it != nil && gS(it, aReq) == req, err
+}
+
+// Delete implements driver.Cache: one DeleteItem returning the old item.
+func (c cache) Delete(ctx context.Context, key string) (bool, error) {
+	old, _, err := c.s.del(ctx, "deleting cache entry", c.s.cachePfx+key, metaSK, "", nil)
+	return cacheLive(old, nowMs()), err
+}
+
+// Has implements driver.Cache: one consistent GetItem.
+func (c cache) Has(ctx context.Context, key string) (bool, error) {
+	_, ok, err := c.Get(ctx, key)
+	return ok, err
+}
+
+// Clear implements driver.Cache: a filtered Scan of the table, then
+// BatchWriteItem deletes.
+func (c cache) Clear(ctx context.Context) (int64, error) {
+	s := c.s
+	var keys []item
+	var live int64
+	now := nowMs()
+	err := s.scan(ctx, "listing cache entries", func(it item) error {
+		if gS(it, aSk) != metaSK {
+			return nil
+		}
+		keys = append(keys, itemKey(gS(it, aPk), metaSK))
+		if cacheLive(it, now) {
+			live++
+		}
+		return nil
+	}, s.cachePfx)
+	if err != nil {
+		return 0, err
+	}
+	if err := s.deleteKeys(ctx, "clearing cache", keys); err != nil {
+		return 0, err
+	}
+	return live, nil
+}
+
+// Keys implements driver.Cache: a filtered Scan (see locks.List).
+func (c cache) Keys(ctx context.Context, pattern driver.Pattern) ([]string, error) {
+	s := c.s
+	var out []string
+	now := nowMs()
+	err := s.list(ctx, "listing cache keys", s.cachePfx, pattern, func(it item) error {
+		k, ok := cutPrefix(gS(it, aPk), s.cachePfx)
+		if ok && gS(it, aSk) == metaSK && pattern.Match(k) && cacheLive(it, now) {
+			out = append(out, k)
+		}
+		return nil
+	})
+	sort.Strings(out)
+	return out, err
+}

@@ -1,0 +1,211 @@
+package dynamo
+
+import (
+	"context"
+	"sort"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/warden-go/warden/driver"
+)
+
+// locks is the lock driver. A lock is one item (pk LOCK#<prefix>lock:<key>,
+// sk METADATA) with owner, version (the fencing token), acquiredAt,
+// expiresAtMs, releasedAt (present once released) and expiresAt (TTL:
+// the expiry plus the lock retention). Released and expired items are
+// kept, so the next holder's token continues from them.
+type locks struct{ s *store }
+
+func lockLive(it item, now int64) bool {
+	return it != nil && !has(it, aRel) && gN(it, aExp) > now
+}
+
+func lockRec(key string, it item) driver.LockRecord {
+	return driver.LockRecord{
+		Key: key, Owner: gS(it, aOwner), Token: gN(it, aVersion),
+		AcquiredAt: msTime(gN(it, aAcq)), ExpiresAt: msTime(gN(it, aExp)),
+	}
+}
+
+// retentionTTL is the TTL attribute of a lock item whose holding ends at
+// ms: DynamoDB may delete it a lock retention later.
+func (s *store) retentionTTL(ms int64) int64 {
+	return ttlSeconds(ms) + int64(s.retention/time.Second)
+}
+
+// Acquire implements driver.Locks with one conditional UpdateItem: it
+// applies when the item is absent, released or expired (by the client's
+// clock) and starts a new holding with token version+1, or TokenBase(now)
+// for a new item. When the condition fails, the endpoint returns the
+// holder (ALL_OLD), or one consistent GetItem reads it; if the holder is
+// owner itself, a second conditional update renews its holding and keeps
+// its token. On endpoints without ALL_OLD, a store that found the lock
+// held by another reads it first on its next attempts while that holding
+// lasts (one request while it stays held).
+func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (driver.LockRecord, bool, error) {
+	s := l.s
+	pk := s.lockPfx + key
+	if s.noAllOld.Load() {
+		// On an endpoint that does not return the item with a failed
+		// condition, a contended attempt costs the update and a read.
+		// While this store last saw key held by another, read first:
+		// one request while it stays held.
+		if until, ok := s.heldHint.Load(pk); ok && nowMs() < until.(int64) {
+			it, err := s.get(ctx, "reading lock", pk, metaSK)
+			if err != nil {
+				return driver.LockRecord{}, false, err
+			}
+			if lockLive(it, nowMs()) {
+				rec := lockRec(key, it)
+				if rec.Owner != owner {
+					s.heldHint.Store(pk, gN(it, aExp))
+					return rec, false, nil
+				}
+				if r, ok, err := l.Refresh(ctx, key, owner, rec.Token, ttl); err != nil || ok {
+					return r, ok, err
+				}
+			}
+		}
+		s.heldHint.Delete(pk)
+	}
+	for attempt := 0; ; attempt++ {
+		now := nowMs()
+		exp := now + driver.Millis(ttl)
+		req := reqID()
+		vals := item{":o": vS(owner), ":now": vN(now), ":exp": vN(exp), ":ttl": vN(s.retentionTTL(exp)),
+			":base": vN(driver.TokenBase(msTime(now)) - 1), ":one": vN(1), ":req": vS(req)}
+		upd := "SET #owner = :o, #version = if_not_exists(#version, :base) + :one, #acquiredAt = :now, #expiresAtMs = :exp, " +
+			"#expiresAt = :ttl, #updatedAt = :now, #req = :req" + s.evSet(s.lockEvt, now, req, vals) + " REMOVE #releasedAt"
+		cond := "attribute_not_exists(#pk) OR attribute_exists(#releasedAt) OR #expiresAtMs <= :now"
+		attrs, failed, old, err := s.update(ctx, "acquiring lock", pk, metaSK, upd, cond, vals, types.ReturnValueAllNew)
+		if err != nil {
+			return driver.LockRecord{}, false, err
+		}
+		if !failed {
+			return lockRec(key, attrs), true, nil
+		}
+		if old == nil {
+			s.noAllOld.Store(true)
+			if old, err = s.get(ctx, "reading lock", pk, metaSK); err != nil {
+				return driver.LockRecord{}, false, err
+			}
+		}
+		if old != nil && gS(old, aReq) == req {
+			// The SDK resent a write that had applied.
+			return lockRec(key, old), true, nil
+		}
+		now = nowMs()
+		if lockLive(old, now) {
+			rec := lockRec(key, old)
+			if rec.Owner != owner {
+				if s.noAllOld.Load() {
+					s.hintHeld(pk, gN(old, aExp))
+				}
+				return rec, false, nil
+			}
+			r, ok, err := l.Refresh(ctx, key, owner, rec.Token, ttl)
+			if err != nil || ok {
+				return r, ok, err
+			}
+		}
+		// The item changed between the condition and the read: try again.
+		if attempt >= 10 {
+			if old != nil {
+				return lockRec(key, old), false, nil
+			}
+			return driver.LockRecord{}, false, nil
+		}
+	}
+}
+
+// maxHints bounds the held-lock hints a store keeps.
+const maxHints = 10000
+
+// hintHeld remembers that pk is held by another until exp (ms).
+func (s *store) hintHeld(pk string, exp int64) {
+	if s.hints.Add(1) > maxHints {
+		s.heldHint.Clear()
+		s.hints.Store(0)
+	}
+	s.heldHint.Store(pk, exp)
+}
+
+// Refresh implements driver.Locks: one conditional UpdateItem.
+func (l locks) Refresh(ctx context.Context, key, owner string, token int64, ttl time.Duration) (driver.LockRecord, bool, error) {
+	s := l.s
+	now := nowMs()
+	exp := now + driver.Millis(ttl)
+	vals := item{":o": vS(owner), ":t": vN(token), ":now": vN(now), ":exp": vN(exp), ":ttl": vN(s.retentionTTL(exp))}
+	attrs, failed, _, err := s.update(ctx, "refreshing lock", s.lockPfx+key, metaSK,
+		"SET #expiresAtMs = :exp, #expiresAt = :ttl, #updatedAt = :now",
+		"#owner = :o AND #version = :t AND attribute_not_exists(#releasedAt) AND #expiresAtMs > :now",
+		vals, types.ReturnValueAllNew)
+	if err != nil || failed {
+		return driver.LockRecord{}, false, err
+	}
+	return lockRec(key, attrs), true, nil
+}
+
+// end marks a holding released with one conditional UpdateItem. If the
+// condition fails, the item is read back (unless the endpoint returned
+// it): a request id equal to this call's means the SDK resent a write that
+// had applied.
+func (s *store) endLock(ctx context.Context, op, key, cond string, vals item) (bool, error) {
+	pk := s.lockPfx + key
+	now := nowMs()
+	req := reqID()
+	vals[":now"] = vN(now)
+	vals[":ttl"] = vN(s.retentionTTL(now))
+	vals[":req"] = vS(req)
+	upd := "SET #releasedAt = :now, #updatedAt = :now, #expiresAt = :ttl, #req = :req" + s.evSet(s.lockEvt, now, req, vals)
+	_, failed, old, err := s.update(ctx, op, pk, metaSK, upd, cond, vals, types.ReturnValueNone)
+	if err != nil || !failed {
+		return err == nil, err
+	}
+	if old == nil {
+		if old, err = s.get(ctx, "reading lock", pk, metaSK); err != nil {
+			return false, err
+		}
+	}
+	return old != nil && gS(old, aReq) == req, nil
+}
+
+// Release implements driver.Locks: one conditional UpdateItem. The item is
+// kept, marked released.
+func (l locks) Release(ctx context.Context, key, owner string, token int64) (bool, error) {
+	return l.s.endLock(ctx, "releasing lock", key,
+		"#owner = :o AND #version = :t AND attribute_not_exists(#releasedAt)",
+		item{":o": vS(owner), ":t": vN(token)})
+}
+
+// ForceRelease implements driver.Locks: one conditional UpdateItem.
+func (l locks) ForceRelease(ctx context.Context, key string) (bool, error) {
+	return l.s.endLock(ctx, "force-releasing lock", key,
+		"attribute_exists(#pk) AND attribute_not_exists(#releasedAt) AND #expiresAtMs > :now", item{})
+}
+
+// Get implements driver.Locks: one consistent GetItem.
+func (l locks) Get(ctx context.Context, key string) (driver.LockRecord, bool, error) {
+	it, err := l.s.get(ctx, "reading lock", l.s.lockPfx+key, metaSK)
+	if err != nil || !lockLive(it, nowMs()) {
+		return driver.LockRecord{}, false, err
+	}
+	return lockRec(key, it), true, nil
+}
+
+// List implements driver.Locks: a Scan of the table filtered on the
+// namespace and the pattern's literal prefix, matched here.
+func (l locks) List(ctx context.Context, pattern driver.Pattern) ([]driver.LockRecord, error) {
+	s := l.s
+	var out []driver.LockRecord
+	now := nowMs()
+	err := s.list(ctx, "listing locks", s.lockPfx, pattern, func(it item) error {
+		k, ok := cutPrefix(gS(it, aPk), s.lockPfx)
+		if ok && gS(it, aSk) == metaSK && pattern.Match(k) && lockLive(it, now) {
+			out = append(out, lockRec(k, it))
+		}
+		return nil
+	})
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out, err
+}

@@ -1,0 +1,240 @@
+package dynamo_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	awsmw "github.com/aws/aws-sdk-go-v2/aws/middleware"
+	"github.com/aws/smithy-go/middleware"
+	"github.com/warden-go/warden"
+	"github.com/warden-go/warden/driver"
+	"github.com/warden-go/warden/store/dynamo"
+)
+
+// countingStore opens a store with New on a client that counts requests.
+func countingStore(t *testing.T, table, prefix string) (*warden.Store, *atomic.Int64) {
+	t.Helper()
+	n := new(atomic.Int64)
+	st, err := dynamo.New(newClient(t, countAttempts(n)), table, &dynamo.Options{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st, n
+}
+
+// TestRoundTrips counts the requests each operation sends to the server.
+// The uncontended lock cycle, a recorded failure and a cache read are one
+// request each; the other counts are logged.
+func TestRoundTrips(t *testing.T) {
+	ctx := t.Context()
+	st, n := countingStore(t, testTable(t), "rt:")
+	count := func(what string, want int64, f func() error) {
+		t.Helper()
+		n.Store(0)
+		if err := f(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		got := n.Load()
+		if want > 0 && got != want {
+			t.Errorf("%s: %d round trips, want %d", what, got, want)
+		}
+		t.Logf("%-42s %d round trip(s)", what, got)
+	}
+	must := func(ok bool, err error, what string) error {
+		if err == nil && !ok {
+			err = errors.New(what + " reported false")
+		}
+		return err
+	}
+	var rec driver.LockRecord
+	count("lock acquire (new key)", 1, func() (err error) {
+		var ok bool
+		rec, ok, err = st.Locks().Acquire(ctx, "k", "alice", time.Minute)
+		return must(ok, err, "acquire")
+	})
+	count("lock refresh", 1, func() error {
+		_, ok, err := st.Locks().Refresh(ctx, "k", "alice", rec.Token, time.Minute)
+		return must(ok, err, "refresh")
+	})
+	count("lock release", 1, func() error {
+		ok, err := st.Locks().Release(ctx, "k", "alice", rec.Token)
+		return must(ok, err, "release")
+	})
+	count("lock acquire (released key)", 1, func() (err error) {
+		var ok bool
+		rec, ok, err = st.Locks().Acquire(ctx, "k", "bob", time.Minute)
+		return must(ok, err, "acquire")
+	})
+	count("lock acquire (held by another)", 0, func() error {
+		_, ok, err := st.Locks().Acquire(ctx, "k", "carol", time.Minute)
+		return must(!ok, err, "contended acquire")
+	})
+	count("lock acquire (held by another, again)", 0, func() error {
+		_, ok, err := st.Locks().Acquire(ctx, "k", "carol", time.Minute)
+		return must(!ok, err, "contended acquire")
+	})
+	count("lock acquire (re-entrant)", 0, func() error {
+		_, ok, err := st.Locks().Acquire(ctx, "k", "bob", time.Minute)
+		return must(ok, err, "re-entrant acquire")
+	})
+	count("lock get", 1, func() error {
+		_, ok, err := st.Locks().Get(ctx, "k")
+		return must(ok, err, "get")
+	})
+	count("circuit record failure (new)", 1, func() error {
+		_, err := st.Circuits().RecordFailure(ctx, "c", 3)
+		return err
+	})
+	count("circuit record failure", 1, func() error {
+		_, err := st.Circuits().RecordFailure(ctx, "c", 3)
+		return err
+	})
+	count("circuit record failure (opens)", 0, func() error {
+		r, err := st.Circuits().RecordFailure(ctx, "c", 3)
+		if err == nil && r.State != driver.Open {
+			err = errors.New("not open")
+		}
+		return err
+	})
+	count("circuit record failure (open)", 0, func() error {
+		_, err := st.Circuits().RecordFailure(ctx, "c", 3)
+		return err
+	})
+	count("circuit try probe", 0, func() error {
+		_, _, err := st.Circuits().TryProbe(ctx, "c", "p", 0, time.Minute)
+		return err
+	})
+	count("circuit record success (half-open)", 0, func() error {
+		_, err := st.Circuits().RecordSuccess(ctx, "c")
+		return err
+	})
+	count("cache set", 1, func() error { return st.Cache().Set(ctx, "ck", []byte("v"), time.Minute) })
+	count("cache get", 1, func() error {
+		_, ok, err := st.Cache().Get(ctx, "ck")
+		return must(ok, err, "cache get")
+	})
+	count("cache set-if-absent (stored)", 0, func() error {
+		ok, err := st.Cache().SetIfAbsent(ctx, "ck2", []byte("v"), time.Minute)
+		return must(ok, err, "set-if-absent")
+	})
+	count("idempotency claim", 0, func() error {
+		_, out, err := st.Idempotency().Claim(ctx, "i", "alice", time.Minute, "")
+		return must(out == driver.Claimed, err, "claim")
+	})
+	count("idempotency complete", 0, func() error {
+		ok, err := st.Idempotency().Complete(ctx, "i", "alice", []byte("r"), time.Minute)
+		return must(ok, err, "complete")
+	})
+	count("checkpoint save", 0, func() error {
+		_, ok, err := st.Checkpoints().Save(ctx, driver.CheckpointInput{TaskID: "t", Token: 5})
+		return must(ok, err, "save")
+	})
+	count("checkpoint latest", 0, func() error {
+		_, ok, err := st.Checkpoints().Latest(ctx, "t")
+		return must(ok, err, "latest")
+	})
+}
+
+// dropReply returns a stack change that, while *armed names an operation
+// ("UpdateItem", "PutItem"), lets the next request of that operation reach
+// the server and then reports a connection reset instead of its reply —
+// the ambiguous outcome of a write whose reply is lost. The SDK's retryer
+// resends the request.
+func dropReply(armed *atomic.Value) func(*middleware.Stack) error {
+	return func(st *middleware.Stack) error {
+		return st.Finalize.Add(middleware.FinalizeMiddlewareFunc("warden-drop-reply",
+			func(ctx context.Context, in middleware.FinalizeInput, next middleware.FinalizeHandler) (middleware.FinalizeOutput, middleware.Metadata, error) {
+				out, md, err := next.HandleFinalize(ctx, in)
+				op := awsmw.GetOperationName(ctx)
+				if err == nil && armed.CompareAndSwap(op, "") {
+					return out, md, errors.New("read tcp 127.0.0.1: connection reset by peer (reply dropped by the test)")
+				}
+				return out, md, err
+			}), middleware.After)
+	}
+}
+
+// TestLostReplies checks that conditional writes whose reply was lost
+// after they applied (the SDK then resends them and their condition
+// fails) are recognised by their request id and reported as done, and
+// that counters are not incremented twice.
+func TestLostReplies(t *testing.T) {
+	ctx := t.Context()
+	var armed atomic.Value
+	armed.Store("")
+	st, err := dynamo.New(newClient(t, dropReply(&armed)), testTable(t), &dynamo.Options{Prefix: "lost:"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	arm := func(op string) {
+		armed.Store(op)
+	}
+	fired := func(what string) {
+		t.Helper()
+		if armed.Load() != "" {
+			t.Errorf("%s: no reply was dropped", what)
+		}
+	}
+
+	arm("UpdateItem")
+	rec, ok, err := st.Locks().Acquire(ctx, "k", "alice", time.Minute)
+	fired("acquire")
+	if err != nil || !ok || rec.Owner != "alice" {
+		t.Fatalf("Acquire with a lost reply: %+v ok=%v err=%v", rec, ok, err)
+	}
+	arm("UpdateItem")
+	ok, err = st.Locks().Release(ctx, "k", "alice", rec.Token)
+	fired("release")
+	if err != nil || !ok {
+		t.Fatalf("Release with a lost reply: ok=%v err=%v", ok, err)
+	}
+	if _, held, _ := st.Locks().Get(ctx, "k"); held {
+		t.Error("the lock is still held after the release")
+	}
+	if ok, err := st.Locks().Release(ctx, "k", "alice", rec.Token); err != nil || ok {
+		t.Errorf("second Release: ok=%v err=%v, want false", ok, err)
+	}
+
+	arm("UpdateItem")
+	c, err := st.Circuits().RecordFailure(ctx, "c", 10)
+	fired("record failure")
+	if err != nil || c.Failures != 1 {
+		t.Errorf("RecordFailure with a lost reply: failures=%d err=%v, want 1", c.Failures, err)
+	}
+	if c, _, _ := st.Circuits().Get(ctx, "c"); c.Failures != 1 {
+		t.Errorf("stored failures %d, want 1", c.Failures)
+	}
+
+	arm("PutItem")
+	stored, err := st.Cache().SetIfAbsent(ctx, "ck", []byte("v"), time.Minute)
+	fired("set-if-absent")
+	if err != nil || !stored {
+		t.Errorf("SetIfAbsent with a lost reply: stored=%v err=%v", stored, err)
+	}
+
+	if _, out, err := st.Idempotency().Claim(ctx, "i", "alice", time.Minute, ""); err != nil || out != driver.Claimed {
+		t.Fatalf("Claim: %v %v", out, err)
+	}
+	arm("UpdateItem")
+	ok, err = st.Idempotency().Complete(ctx, "i", "alice", []byte("r"), time.Minute)
+	fired("complete")
+	if err != nil || !ok {
+		t.Errorf("Complete with a lost reply: ok=%v err=%v", ok, err)
+	}
+
+	arm("UpdateItem")
+	cp, ok, err := st.Checkpoints().Save(ctx, driver.CheckpointInput{TaskID: "t", Token: 3})
+	fired("checkpoint save")
+	if err != nil || !ok || cp.Sequence != 1 {
+		t.Errorf("Save with a lost reply: %+v ok=%v err=%v, want sequence 1", cp, ok, err)
+	}
+	cp, ok, err = st.Checkpoints().Save(ctx, driver.CheckpointInput{TaskID: "t", Token: 3})
+	if err != nil || !ok || cp.Sequence != 2 {
+		t.Errorf("next Save: %+v ok=%v err=%v, want sequence 2", cp, ok, err)
+	}
+}
