@@ -46,6 +46,12 @@ func Cases() []Case {
 	if u := os.Getenv(mysqlEnv); u != "" {
 		cases = append(cases, mysqlCases(u)...)
 	}
+	if u := os.Getenv(mongoEnv); u != "" {
+		cases = append(cases, mongoCases(u)...)
+	}
+	if ep := os.Getenv(dynamoEnv); ep != "" {
+		cases = append(cases, dynamoCases(ep)...)
+	}
 	return cases
 }
 

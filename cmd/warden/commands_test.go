@@ -406,7 +406,7 @@ func TestMigratePingVersion(t *testing.T) {
 	})
 	r := invoke(t, "", "version")
 	want(t, r, 0)
-	wantLines(t, r, `warden: +\S+`, `go: +go1\.\S+`, `platform: +\w+/\w+`, `stores: +memory, mysql, sqlite`)
+	wantLines(t, r, `warden: +\S+`, `go: +go1\.\S+`, `platform: +\w+/\w+`, `stores: +dynamodb, memory, mongodb, mongodb\+srv, mysql, sqlite`)
 	r = invoke(t, "", "-o", "json", "version")
 	want(t, r, 0)
 	wantKeys(t, r.stdout, "version", "go", "platform", "stores")

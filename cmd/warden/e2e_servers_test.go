@@ -4,6 +4,7 @@ package main
 
 import (
 	"fmt"
+	"net/url"
 	"os"
 	"strings"
 	"testing"
@@ -12,44 +13,87 @@ import (
 	"github.com/warden-go/warden/drivertest"
 )
 
-// e2eMySQLStore returns a mysql:// store URL on the test server with a
-// namespace of its own, after `warden migrate` on it. It skips the test
-// when no server is configured (unless WARDEN_TEST_REQUIRE asks for one).
-func e2eMySQLStore(t *testing.T) string {
-	base := drivertest.ServerURL(t, "mysql", "WARDEN_TEST_MYSQL_URL")
+// serverStore describes how the end-to-end tests reach one store's test
+// server: the environment variable testenv/up.sh sets, and how to turn its
+// value and a fresh prefix into a store URL for --store.
+type serverStore struct {
+	name string // drivertest.ServerURL's store name
+	env  string
+	url  func(base, prefix string) string
+}
+
+// withParam adds name=value to a URL's query.
+func withParam(base, name, value string) string {
 	sep := "?"
 	if strings.Contains(base, "?") {
 		sep = "&"
 	}
-	url := fmt.Sprintf("%s%sprefix=clie2e%d%d:", base, sep, os.Getpid(), time.Now().UnixNano())
-	want(t, runWarden(t, nil, "--store", url, "migrate"), 0)
-	return url
+	return base + sep + name + "=" + url.QueryEscape(value)
 }
 
-// TestE2EMySQLConcurrentLockRunNeverOverlaps runs the concurrent lock-run
-// scenario of the SQLite end-to-end test against MySQL/MariaDB.
-func TestE2EMySQLConcurrentLockRunNeverOverlaps(t *testing.T) {
-	concurrentLockRuns(t, t.TempDir(), e2eMySQLStore(t))
+var serverStores = []serverStore{
+	{name: "mysql", env: "WARDEN_TEST_MYSQL_URL", url: func(base, prefix string) string {
+		return withParam(base, "prefix", prefix)
+	}},
+	{name: "mongodb", env: "WARDEN_TEST_MONGODB_URL", url: func(base, prefix string) string {
+		// The test server's URL names no database: use one of the CLI
+		// tests' own.
+		u, err := url.Parse(base)
+		if err == nil && strings.Trim(u.Path, "/") == "" {
+			u.Path = "/warden_cli_e2e"
+			base = u.String()
+		}
+		return withParam(base, "prefix", prefix)
+	}},
+	{name: "dynamodb", env: "WARDEN_TEST_DYNAMODB_ENDPOINT", url: func(endpoint, prefix string) string {
+		u := "dynamodb://warden_cli_e2e?region=us-east-1"
+		u = withParam(u, "endpoint", endpoint)
+		return withParam(u, "prefix", prefix)
+	}},
 }
 
-// TestE2EMySQLNoWaitWhileHeld checks `lock run --no-wait` against a lock
-// another process holds on MySQL/MariaDB: exit 3 with one message line,
-// and success once the holder is done.
-func TestE2EMySQLNoWaitWhileHeld(t *testing.T) {
-	url := e2eMySQLStore(t)
-	h, stop := holder(t, url, "job")
+// e2eServerStore returns a store URL on s's test server with a namespace
+// of its own, after `warden migrate` on it. It skips the test when no
+// server is configured (unless WARDEN_TEST_REQUIRE asks for one).
+func e2eServerStore(t *testing.T, s serverStore) string {
+	base := drivertest.ServerURL(t, s.name, s.env)
+	u := s.url(base, fmt.Sprintf("clie2e%d%d:", os.Getpid(), time.Now().UnixNano()))
+	want(t, runWarden(t, nil, "--store", u, "migrate"), 0)
+	return u
+}
 
-	r := runWarden(t, nil, "--store", url, "lock", "run", "job", "--no-wait", "--", "true")
-	want(t, r, exitHeld)
-	oneErrorLine(t, r)
-	if !strings.Contains(r.stderr, `lock "job" is held by `) {
-		t.Fatalf("--no-wait message: %s", r)
+// TestE2EServerConcurrentLockRunNeverOverlaps runs the concurrent lock-run
+// scenario of the SQLite end-to-end test against every server store.
+func TestE2EServerConcurrentLockRunNeverOverlaps(t *testing.T) {
+	for _, s := range serverStores {
+		t.Run(s.name, func(t *testing.T) {
+			concurrentLockRuns(t, t.TempDir(), e2eServerStore(t, s))
+		})
 	}
-	r = runWarden(t, nil, "--store", url, "lock", "ls")
-	want(t, r, 0)
-	wantLines(t, r, `KEY +OWNER +TOKEN +ACQUIRED +EXPIRES`, `job +\S+:\d+:\S+ +\d+ +`+rfc3339ms+` +`+rfc3339ms)
+}
 
-	stop()
-	want(t, h.wait(t, 30*time.Second), 0)
-	want(t, runWarden(t, nil, "--store", url, "lock", "run", "job", "--no-wait", "--", "true"), 0)
+// TestE2EServerNoWaitWhileHeld checks `lock run --no-wait` against a lock
+// another process holds on every server store: exit 3 with one message
+// line, and success once the holder is done.
+func TestE2EServerNoWaitWhileHeld(t *testing.T) {
+	for _, s := range serverStores {
+		t.Run(s.name, func(t *testing.T) {
+			url := e2eServerStore(t, s)
+			h, stop := holder(t, url, "job")
+
+			r := runWarden(t, nil, "--store", url, "lock", "run", "job", "--no-wait", "--", "true")
+			want(t, r, exitHeld)
+			oneErrorLine(t, r)
+			if !strings.Contains(r.stderr, `lock "job" is held by `) {
+				t.Fatalf("--no-wait message: %s", r)
+			}
+			r = runWarden(t, nil, "--store", url, "lock", "ls")
+			want(t, r, 0)
+			wantLines(t, r, `KEY +OWNER +TOKEN +ACQUIRED +EXPIRES`, `job +\S+:\d+:\S+ +\d+ +`+rfc3339ms+` +`+rfc3339ms)
+
+			stop()
+			want(t, h.wait(t, 30*time.Second), 0)
+			want(t, runWarden(t, nil, "--store", url, "lock", "run", "job", "--no-wait", "--", "true"), 0)
+		})
+	}
 }

@@ -147,6 +147,9 @@ Commands:
 Stores (registered schemes: %s):
   sqlite:///abs/path/file.db, sqlite://rel/path.db   the embedded default, shared by the processes of one host
   memory://                                          in this process only (useful for trying commands)
+  mysql://user:pass@host:3306/db                     MySQL 8.0+ / MariaDB
+  mongodb://host:27017/db, mongodb+srv://host/db     MongoDB (lock and circuit events via a capped collection)
+  dynamodb://TABLE?region=R[&endpoint=URL]           DynamoDB (credentials from the AWS SDK's default chain)
   Every store takes ?prefix=NAME: for its namespace, e.g. sqlite://warden.db?prefix=billing:
 
 Output: -o table prints aligned columns (times in UTC); -o json prints stable

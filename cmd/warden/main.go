@@ -2,7 +2,8 @@
 // store: run a command under a distributed lock, inspect and release locks,
 // force circuit breakers open or closed, read and write the cache, and look
 // at idempotency keys and task checkpoints, on any store warden can open
-// (this build: memory:// and sqlite://).
+// (this build: memory://, sqlite://, mysql://, mongodb://, mongodb+srv://
+// and dynamodb://).
 //
 //	warden lock run nightly-report -- ./report.sh
 //	warden --store 'sqlite:///var/lib/app/warden.db?prefix=billing:' lock ls
@@ -44,9 +45,14 @@ package main
 
 import (
 	"context"
+	"log/slog"
 	"os"
 )
 
 func main() {
+	// Stores opened by URL log their warnings (a MongoDB server without
+	// TTL indexes, say) to the default logger; the commands report what
+	// matters in one line instead.
+	slog.SetDefault(slog.New(slog.DiscardHandler))
 	os.Exit(run(context.Background(), os.Args[1:], os.Stdin, os.Stdout, os.Stderr, os.Environ()))
 }
