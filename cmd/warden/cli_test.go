@@ -145,12 +145,14 @@ func TestPasswordsNeverPrinted(t *testing.T) {
 	// Each URL with the exit code its ping must give: 2 for a bad or
 	// unknown store URL, 5 for a registered store nobody answers for.
 	for url, code := range map[string]int{
-		"mysql://user:s3cret@127.0.0.1:1/app?timeout=2s":        exitUnreachable,
-		"postgres://user:s3cret@127.0.0.1:1/db?sslmode=disable": exitUsage,
-		"sqlite://user:s3cret@host/file.db":                     exitUsage,
-		"memory://user:s3cret@name":                             exitUsage,
-		"sqlite:///x.db?password=s3cret&prefix=a:":              exitUsage,
-		"mysql://user:s3cret@%zz/":                              exitUsage,
+		"mysql://user:s3cret@127.0.0.1:1/app?timeout=2s":           exitUnreachable,
+		"postgres://user:s3cret@127.0.0.1:1/db?sslmode=disable":    exitUsage,
+		"sqlite://user:s3cret@host/file.db":                        exitUsage,
+		"memory://user:s3cret@name":                                exitUsage,
+		"sqlite:///x.db?password=s3cret&prefix=a:":                 exitUsage,
+		"mysql://user:s3cret@%zz/":                                 exitUsage,
+		"mongodb://user:s3cret@127.0.0.1:1/db?bogus=1":             exitUsage,
+		"dynamodb://t?endpoint=http://127.0.0.1:1&password=s3cret": exitUsage,
 	} {
 		for _, args := range [][]string{{"ping"}, {"--help"}, {"lock", "ls", "--help"}, {"-o", "json", "migrate"}} {
 			r := invoke(t, "", append([]string{"--store", url}, args...)...)
@@ -171,7 +173,7 @@ func TestPasswordsNeverPrinted(t *testing.T) {
 		}
 	}
 	r := invoke(t, "", "--store", "redis://user:s3cret@db/0", "ping")
-	if !strings.Contains(r.stderr, "registered schemes are memory, mysql, sqlite") {
+	if !strings.Contains(r.stderr, "registered schemes are dynamodb, memory, mongodb, mongodb+srv, mysql, sqlite") {
 		t.Fatalf("unknown scheme: %s", r)
 	}
 }
