@@ -333,7 +333,9 @@ func (h *hub) loop(ctx context.Context, run *watchRun, last bson.ObjectID) {
 				last = id
 			}
 		}
-		if got {
+		if got || err == nil && passed && h.s.scans {
+			// Delivered something, or reopening an idle FerretDB cursor:
+			// reopen at once.
 			backoff = minBackoff
 		} else if backoff < maxBackoff {
 			backoff = min(2*backoff, maxBackoff)
@@ -378,6 +380,7 @@ func (h *hub) tail(ctx context.Context, run *watchRun, last *bson.ObjectID) (pas
 	}()
 	cur.SetBatchSize(evBatch)
 	passed = last.IsZero()
+	lastDoc := time.Now()
 	var batch []evDoc
 	flush := func() bool {
 		if len(batch) == 0 {
@@ -397,6 +400,13 @@ func (h *hub) tail(ctx context.Context, run *watchRun, last *bson.ObjectID) (pas
 				break
 			}
 			if h.s.scans {
+				// A FerretDB tailable cursor has been seen to stop
+				// returning new events while staying open: reopen an idle
+				// one now and then (the reopened cursor skips to last, so
+				// nothing is delivered twice or missed).
+				if time.Since(lastDoc) > reopenIdle {
+					break
+				}
 				t := time.NewTimer(pollEvery)
 				select {
 				case <-ctx.Done():
@@ -407,6 +417,7 @@ func (h *hub) tail(ctx context.Context, run *watchRun, last *bson.ObjectID) (pas
 			}
 			continue
 		}
+		lastDoc = time.Now()
 		var e evDoc
 		if err := cur.Decode(&e); err != nil {
 			continue
@@ -538,6 +549,10 @@ const (
 // pollEvery is the pause between empty getMores on servers without a
 // usable awaitData (FerretDB).
 const pollEvery = 15 * time.Millisecond
+
+// reopenIdle is how long a tailable cursor on FerretDB may go without a
+// document before the watcher reopens it.
+const reopenIdle = time.Second
 
 // awaitTime bounds how long the server holds a getMore on the tailable
 // cursor when no event is there (MongoDB answers as soon as one is
