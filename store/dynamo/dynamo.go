@@ -386,7 +386,7 @@ func (s *store) Ping(ctx context.Context) error {
 // made by Open, closes idle connections. A client handed to New stays
 // usable.
 func (s *store) Close() error {
-	s.hub.close()
+	s.hub.Close()
 	if s.closeIdle != nil {
 		s.closeIdle()
 	}

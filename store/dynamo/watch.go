@@ -5,128 +5,44 @@ import (
 	"errors"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/warden-go/warden/driver"
+	"github.com/warden-go/warden/internal/eventhub"
 )
-
-// watchBuffer is the capacity of each watch channel. A watcher that lets it
-// fill up loses events and gets an EventsLost marker once there is room.
-const watchBuffer = 256
 
 // errClosed is returned by Watch calls on a closed store.
 var errClosed = errors.New("dynamo: store closed")
 
-// hub owns the store's notification watcher: one goroutine, started by the
-// first WatchLocks or WatchCircuits call and stopped when the last watch
-// ends or the store closes. Every EventPoll it queries the events index
-// for the items of the namespace written in the last EventLookback, and
-// turns the changes it has not seen yet into events.
+// hub is the store's notification watcher: one goroutine (run by the
+// eventhub, started by the first WatchLocks or WatchCircuits call and
+// stopped when the last watch ends or the store closes). Every EventPoll
+// it queries the events index for the items of the namespace written in
+// the last EventLookback, and turns the changes it has not seen yet into
+// events.
 type hub struct {
+	*eventhub.Hub
 	s *store
-
-	mu     sync.Mutex
-	subs   map[*watchSub]struct{}
-	run    *watchRun
-	closed bool
-	wg     sync.WaitGroup
 }
 
-type watchRun struct{ cancel context.CancelFunc }
-
-// watchSub is one WatchLocks or WatchCircuits channel.
-type watchSub struct {
-	locks   chan driver.LockEvent
-	circs   chan driver.CircuitRecord
-	lost    bool
-	stopCtx func() bool
+func newHub(s *store) *hub {
+	h := &hub{s: s}
+	h.Hub = eventhub.New(func(context.Context) (func(context.Context, *eventhub.Run), error) {
+		return h.loop, nil
+	}, errClosed)
+	return h
 }
-
-func newHub(s *store) *hub { return &hub{s: s, subs: map[*watchSub]struct{}{}} }
 
 // WatchLocks implements driver.LockNotifier.
 func (s notifyStore) WatchLocks(ctx context.Context) (<-chan driver.LockEvent, error) {
-	sub := &watchSub{locks: make(chan driver.LockEvent, watchBuffer)}
-	if err := s.hub.subscribe(ctx, sub); err != nil {
-		return nil, err
-	}
-	return sub.locks, nil
+	return s.hub.WatchLocks(ctx)
 }
 
 // WatchCircuits implements driver.CircuitNotifier.
 func (s notifyStore) WatchCircuits(ctx context.Context) (<-chan driver.CircuitRecord, error) {
-	sub := &watchSub{circs: make(chan driver.CircuitRecord, watchBuffer)}
-	if err := s.hub.subscribe(ctx, sub); err != nil {
-		return nil, err
-	}
-	return sub.circs, nil
-}
-
-func (h *hub) subscribe(ctx context.Context, sub *watchSub) error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.closed {
-		return errClosed
-	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	if h.run == nil {
-		rctx, cancel := context.WithCancel(context.Background())
-		run := &watchRun{cancel: cancel}
-		h.run = run
-		h.wg.Add(1)
-		go func() {
-			defer h.wg.Done()
-			h.loop(rctx, run)
-		}()
-	}
-	h.subs[sub] = struct{}{}
-	sub.stopCtx = context.AfterFunc(ctx, func() { h.unsubscribe(sub) })
-	return nil
-}
-
-func (h *hub) unsubscribe(sub *watchSub) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if _, ok := h.subs[sub]; !ok {
-		return
-	}
-	delete(h.subs, sub)
-	sub.close()
-	if len(h.subs) == 0 && h.run != nil {
-		h.run.cancel()
-		h.run = nil
-	}
-}
-
-func (sub *watchSub) close() {
-	if sub.locks != nil {
-		close(sub.locks)
-	} else {
-		close(sub.circs)
-	}
-}
-
-// close stops the watcher, closes every channel and waits for the
-// goroutine to end.
-func (h *hub) close() {
-	h.mu.Lock()
-	h.closed = true
-	for sub := range h.subs {
-		sub.stopCtx()
-		sub.close()
-	}
-	clear(h.subs)
-	if h.run != nil {
-		h.run.cancel()
-		h.run = nil
-	}
-	h.mu.Unlock()
-	h.wg.Wait()
+	return s.hub.WatchCircuits(ctx)
 }
 
 // lockSeen is the last state of a lock item the watcher saw.
@@ -151,14 +67,14 @@ type watchState struct {
 	circs map[string]*circSeen
 }
 
-func (h *hub) loop(ctx context.Context, run *watchRun) {
+func (h *hub) loop(ctx context.Context, run *eventhub.Run) {
 	s := h.s
 	st := &watchState{start: nowMs(), locks: map[string]*lockSeen{}, circs: map[string]*circSeen{}}
 	t := time.NewTicker(s.poll)
 	defer t.Stop()
 	failed := false
 	for {
-		wantLocks, wantCircs := h.wants()
+		wantLocks, wantCircs := h.Wants()
 		since := nowMs() - s.lookback.Milliseconds()
 		var levs []driver.LockEvent
 		var crecs []driver.CircuitRecord
@@ -184,7 +100,7 @@ func (h *hub) loop(ctx context.Context, run *watchRun) {
 		case err != nil:
 			failed = true // tell the subscribers once the index answers again
 		default:
-			if !h.deliver(run, levs, crecs, gap || failed) {
+			if !h.Deliver(run, levs, crecs, gap || failed) {
 				return
 			}
 			failed = false
@@ -196,17 +112,6 @@ func (h *hub) loop(ctx context.Context, run *watchRun) {
 		case <-t.C:
 		}
 	}
-}
-
-// wants reports which kinds have subscribers.
-func (h *hub) wants() (locks, circs bool) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for sub := range h.subs {
-		locks = locks || sub.locks != nil
-		circs = circs || sub.circs != nil
-	}
-	return
 }
 
 // read queries the events index for the items of gpk written after since.
@@ -336,66 +241,4 @@ func (st *watchState) prune(since, now int64) {
 			delete(st.locks, pk)
 		}
 	}
-}
-
-// deliver fans the events out without ever blocking. gap: events may have
-// been missed, so every subscriber is owed an EventsLost marker. It
-// reports false if run is no longer the current watcher.
-func (h *hub) deliver(run *watchRun, levs []driver.LockEvent, crecs []driver.CircuitRecord, gap bool) bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.run != run {
-		return false
-	}
-	for sub := range h.subs {
-		if gap {
-			sub.lost = true
-		}
-		sub.flushLost()
-	}
-	for _, e := range levs {
-		for sub := range h.subs {
-			if sub.locks != nil && sub.flushLost() {
-				select {
-				case sub.locks <- e:
-				default:
-					sub.lost = true
-				}
-			}
-		}
-	}
-	for _, r := range crecs {
-		for sub := range h.subs {
-			if sub.circs != nil && sub.flushLost() {
-				select {
-				case sub.circs <- r:
-				default:
-					sub.lost = true
-				}
-			}
-		}
-	}
-	return true
-}
-
-// flushLost sends an owed EventsLost marker if there is room; it reports
-// whether nothing is owed any more.
-func (sub *watchSub) flushLost() bool {
-	if !sub.lost {
-		return true
-	}
-	if sub.locks != nil {
-		select {
-		case sub.locks <- driver.LockEvent{Kind: driver.EventsLost}:
-			sub.lost = false
-		default:
-		}
-	} else {
-		select {
-		case sub.circs <- driver.CircuitRecord{}:
-			sub.lost = false
-		default:
-		}
-	}
-	return !sub.lost
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/warden-go/warden/driver"
+	"github.com/warden-go/warden/internal/eventhub"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
@@ -63,16 +64,13 @@ type evWriter struct {
 // whole collection on every poll) stay small this way. Failures are
 // ignored: the next trim tries again.
 func (w *evWriter) trim(ctx context.Context) {
-	var newest struct {
-		ID bson.ObjectID `bson:"_id"`
-	}
-	err := w.s.events.FindOne(ctx, bson.D{}, options.FindOne().SetSort(set("$natural", -1)).SetProjection(set("_id", 1))).Decode(&newest)
+	newest, err := w.s.newestEvent(ctx)
 	if err != nil {
 		return
 	}
 	_, _ = w.s.events.DeleteMany(ctx, bson.D{
 		{Key: "at", Value: set("$lt", now().Add(-w.s.evRetention))},
-		{Key: "_id", Value: set("$ne", newest.ID)},
+		{Key: "_id", Value: set("$ne", newest)},
 	})
 }
 
@@ -168,148 +166,65 @@ func (s *store) emitCircuit(ctx context.Context, sk string, d *circDoc, at time.
 // ---------------------------------------------------------------------------
 // watching
 
-// watchBuffer is the capacity of each watch channel. A watcher that lets it
-// fill up loses events and gets an EventsLost marker once there is room.
-const watchBuffer = 256
-
 var errClosed = errors.New("mongo: store closed")
 
-// hub owns the store's event watcher: one goroutine, started by the first
-// WatchLocks or WatchCircuits call and stopped when the last watch ends or
-// the store closes. It reads the capped event collection with a tailable,
-// awaitData cursor and fans the namespace's events out to the subscribers.
+// hub is the store's event watcher: one goroutine (run by the eventhub,
+// started by the first WatchLocks or WatchCircuits call and stopped when
+// the last watch ends or the store closes) reads the capped event
+// collection with a tailable cursor and fans the namespace's events out
+// to the subscribers.
 type hub struct {
+	*eventhub.Hub
 	s *store
-
-	mu     sync.Mutex
-	subs   map[*watchSub]struct{}
-	run    *watchRun
-	closed bool
-	wg     sync.WaitGroup
 }
 
-type watchRun struct{ cancel context.CancelFunc }
-
-type watchSub struct {
-	locks   chan driver.LockEvent
-	circs   chan driver.CircuitRecord
-	lost    bool
-	stopCtx func() bool
+func newHub(s *store) *hub {
+	h := &hub{s: s}
+	h.Hub = eventhub.New(h.start, errClosed)
+	return h
 }
-
-func newHub(s *store) *hub { return &hub{s: s, subs: map[*watchSub]struct{}{}} }
 
 // WatchLocks implements driver.LockNotifier.
 func (s *store) WatchLocks(ctx context.Context) (<-chan driver.LockEvent, error) {
-	sub := &watchSub{locks: make(chan driver.LockEvent, watchBuffer)}
-	if err := s.hub.subscribe(ctx, sub); err != nil {
-		return nil, err
-	}
-	return sub.locks, nil
+	return s.hub.WatchLocks(ctx)
 }
 
 // WatchCircuits implements driver.CircuitNotifier.
 func (s *store) WatchCircuits(ctx context.Context) (<-chan driver.CircuitRecord, error) {
-	sub := &watchSub{circs: make(chan driver.CircuitRecord, watchBuffer)}
-	if err := s.hub.subscribe(ctx, sub); err != nil {
-		return nil, err
-	}
-	return sub.circs, nil
+	return s.hub.WatchCircuits(ctx)
 }
 
-// subscribe registers sub until ctx ends, starting the watcher if needed.
-// Every event written after subscribe returns is delivered to sub.
-func (h *hub) subscribe(ctx context.Context, sub *watchSub) error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.closed {
-		return errClosed
-	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	if h.run == nil {
-		if err := h.start(ctx); err != nil {
-			return ctxErr(ctx, err)
-		}
-	}
-	h.subs[sub] = struct{}{}
-	sub.stopCtx = context.AfterFunc(ctx, func() { h.unsubscribe(sub) })
-	return nil
-}
-
-func (h *hub) unsubscribe(sub *watchSub) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if _, ok := h.subs[sub]; !ok {
-		return
-	}
-	delete(h.subs, sub)
-	sub.close()
-	if len(h.subs) == 0 && h.run != nil {
-		h.run.cancel()
-		h.run = nil
-	}
-}
-
-func (sub *watchSub) close() {
-	if sub.locks != nil {
-		close(sub.locks)
-	} else {
-		close(sub.circs)
-	}
-}
-
-// close stops the watcher, closes every channel and waits for the watcher
-// goroutine to end.
-func (h *hub) close() {
-	h.mu.Lock()
-	h.closed = true
-	for sub := range h.subs {
-		sub.stopCtx()
-		sub.close()
-	}
-	clear(h.subs)
-	if h.run != nil {
-		h.run.cancel()
-		h.run = nil
-	}
-	h.mu.Unlock()
-	h.wg.Wait()
-}
-
-// newest returns the id of the event collection's last document.
-func (h *hub) newest(ctx context.Context) (bson.ObjectID, error) {
+// newestEvent returns the _id of the event collection's last document
+// (mongo.ErrNoDocuments if it is empty).
+func (s *store) newestEvent(ctx context.Context) (bson.ObjectID, error) {
 	var d struct {
 		ID bson.ObjectID `bson:"_id"`
 	}
-	err := h.s.events.FindOne(ctx, bson.D{}, options.FindOne().SetSort(set("$natural", -1)).SetProjection(set("_id", 1))).Decode(&d)
+	err := s.events.FindOne(ctx, bson.D{}, options.FindOne().SetSort(set("$natural", -1)).SetProjection(set("_id", 1))).Decode(&d)
+	return d.ID, err
+}
+
+// newest returns the _id of the event collection's last document,
+// creating the collection (with its first document) if it is missing.
+func (h *hub) newest(ctx context.Context) (bson.ObjectID, error) {
+	id, err := h.s.newestEvent(ctx)
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		if err := h.s.migrateEvents(ctx); err != nil {
 			return bson.ObjectID{}, err
 		}
-		err = h.s.events.FindOne(ctx, bson.D{}, options.FindOne().SetSort(set("$natural", -1)).SetProjection(set("_id", 1))).Decode(&d)
+		id, err = h.s.newestEvent(ctx)
 	}
-	return d.ID, err
+	return id, err
 }
 
-// start finds where the event stream stands and starts the goroutine.
-// Called with h.mu held.
-func (h *hub) start(ctx context.Context) error {
+// start finds where the event stream stands, so that every event written
+// after the first Watch call returns is delivered.
+func (h *hub) start(ctx context.Context) (func(context.Context, *eventhub.Run), error) {
 	last, err := h.newest(ctx)
 	if err != nil {
-		return err
+		return nil, ctxErr(ctx, err)
 	}
-	rctx, cancel := context.WithCancel(context.Background())
-	run := &watchRun{cancel: cancel}
-	h.run = run
-	h.wg.Add(1)
-	go func() {
-		defer h.wg.Done()
-		defer cancel()
-		h.loop(rctx, run, last)
-	}()
-	return nil
+	return func(ctx context.Context, run *eventhub.Run) { h.loop(ctx, run, last) }, nil
 }
 
 // loop tails the event collection. A tailable cursor starts at the
@@ -317,7 +232,7 @@ func (h *hub) start(ctx context.Context) error {
 // event delivered, by its _id; if that event has been overwritten (the
 // capped collection wrapped while the cursor was down), the subscribers
 // are told events were lost and the stream continues from its end.
-func (h *hub) loop(ctx context.Context, run *watchRun, last bson.ObjectID) {
+func (h *hub) loop(ctx context.Context, run *eventhub.Run, last bson.ObjectID) {
 	backoff := minBackoff
 	for ctx.Err() == nil {
 		passed, got, err := h.tail(ctx, run, &last)
@@ -362,7 +277,7 @@ func (h *hub) loop(ctx context.Context, run *watchRun, last bson.ObjectID) {
 // whose expiry can interrupt other statements on its SQLite connections,
 // so there the cursor is plainly tailable and the store waits pollEvery
 // between empty getMores.
-func (h *hub) tail(ctx context.Context, run *watchRun, last *bson.ObjectID) (passed, got bool, err error) {
+func (h *hub) tail(ctx context.Context, run *eventhub.Run, last *bson.ObjectID) (passed, got bool, err error) {
 	o := options.Find().SetBatchSize(1)
 	if h.s.scans {
 		o.SetCursorType(options.Tailable)
@@ -441,69 +356,20 @@ func (h *hub) tail(ctx context.Context, run *watchRun, last *bson.ObjectID) (pas
 	return passed, got, cur.Err()
 }
 
-// deliver fans evs out to the subscribers without ever blocking. gap:
-// events were lost, every subscriber is owed an EventsLost marker. It
-// reports false if run is no longer the current watcher.
-func (h *hub) deliver(run *watchRun, evs []evDoc, gap bool) bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.run != run {
-		return false
-	}
-	for sub := range h.subs {
-		if gap {
-			sub.lost = true
-		}
-		sub.flushLost()
-	}
+// deliver fans the namespace's events among evs out to the subscribers
+// (eventhub.Hub.Deliver). gap: events were lost. It reports false if run
+// is no longer the current watcher.
+func (h *hub) deliver(run *eventhub.Run, evs []evDoc, gap bool) bool {
+	var locks []driver.LockEvent
+	var circs []driver.CircuitRecord
 	for _, e := range evs {
 		if le, ok := h.lockEvent(e); ok {
-			for sub := range h.subs {
-				if sub.locks != nil && sub.flushLost() {
-					select {
-					case sub.locks <- le:
-					default:
-						sub.lost = true
-					}
-				}
-			}
-			continue
-		}
-		if cr, ok := h.circuitEvent(e); ok {
-			for sub := range h.subs {
-				if sub.circs != nil && sub.flushLost() {
-					select {
-					case sub.circs <- cr:
-					default:
-						sub.lost = true
-					}
-				}
-			}
+			locks = append(locks, le)
+		} else if cr, ok := h.circuitEvent(e); ok {
+			circs = append(circs, cr)
 		}
 	}
-	return true
-}
-
-// flushLost sends an owed EventsLost marker if there is room; it reports
-// whether nothing is owed any more.
-func (sub *watchSub) flushLost() bool {
-	if !sub.lost {
-		return true
-	}
-	if sub.locks != nil {
-		select {
-		case sub.locks <- driver.LockEvent{Kind: driver.EventsLost}:
-			sub.lost = false
-		default:
-		}
-	} else {
-		select {
-		case sub.circs <- driver.CircuitRecord{}:
-			sub.lost = false
-		default:
-		}
-	}
-	return !sub.lost
+	return h.Deliver(run, locks, circs, gap)
 }
 
 func (h *hub) lockEvent(e evDoc) (driver.LockEvent, bool) {

@@ -503,7 +503,7 @@ func (s *store) Ping(ctx context.Context) error {
 // events still queued, and disconnects a client the store connected
 // itself. A *mongo.Database handed to New stays connected.
 func (s *store) Close() error {
-	s.hub.close()
+	s.hub.Close()
 	if s.ev != nil {
 		s.ev.close()
 	}

@@ -470,7 +470,7 @@ func (s *store) Close() error {
 	if !s.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	s.hub.close()
+	s.hub.Close()
 	s.stmtMu.Lock()
 	for _, st := range s.stmts {
 		st.Close()

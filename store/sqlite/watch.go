@@ -6,15 +6,11 @@ import (
 	"encoding/json"
 	"errors"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/warden-go/warden/driver"
+	"github.com/warden-go/warden/internal/eventhub"
 )
-
-// watchBuffer is the capacity of each watch channel. A watcher that lets it
-// fill up loses events and gets an EventsLost marker once there is room.
-const watchBuffer = 256
 
 // evBatch is how many events the watcher reads per query.
 const evBatch = 512
@@ -22,125 +18,41 @@ const evBatch = 512
 // errClosed is returned by Watch calls on a closed store.
 var errClosed = errors.New("sqlite: store closed")
 
-// hub owns the store's notification watcher: one goroutine, started by the
-// first WatchLocks or WatchCircuits call and stopped when the last watch
-// ends or the store closes. It polls PRAGMA data_version on a dedicated
-// connection; when another connection or process has committed, it reads
-// the new rows of the events table and fans them out.
+// hub is the store's notification watcher: one goroutine (run by the
+// eventhub, started by the first WatchLocks or WatchCircuits call and
+// stopped when the last watch ends or the store closes) polls PRAGMA
+// data_version on a dedicated connection; when another connection or
+// process has committed, it reads the new rows of the events table and
+// fans them out.
 type hub struct {
+	*eventhub.Hub
 	s *store
-
-	mu     sync.Mutex
-	subs   map[*watchSub]struct{}
-	run    *watchRun // the running watcher; nil when stopped
-	closed bool
-	wg     sync.WaitGroup // running watcher goroutines
-}
-
-type watchRun struct {
-	cancel context.CancelFunc
-}
-
-// watchSub is one WatchLocks or WatchCircuits channel.
-type watchSub struct {
-	locks   chan driver.LockEvent     // set for lock watchers
-	circs   chan driver.CircuitRecord // set for circuit watchers
-	lost    bool                      // events were dropped; a marker is owed
-	stopCtx func() bool               // unregisters the context.AfterFunc
 }
 
 func newHub(s *store) *hub {
-	return &hub{s: s, subs: map[*watchSub]struct{}{}}
+	h := &hub{s: s}
+	h.Hub = eventhub.New(h.start, errClosed)
+	return h
 }
 
 // WatchLocks implements driver.LockNotifier.
 func (s *store) WatchLocks(ctx context.Context) (<-chan driver.LockEvent, error) {
-	sub := &watchSub{locks: make(chan driver.LockEvent, watchBuffer)}
-	if err := s.hub.subscribe(ctx, sub); err != nil {
-		return nil, err
-	}
-	return sub.locks, nil
+	return s.hub.WatchLocks(ctx)
 }
 
 // WatchCircuits implements driver.CircuitNotifier.
 func (s *store) WatchCircuits(ctx context.Context) (<-chan driver.CircuitRecord, error) {
-	sub := &watchSub{circs: make(chan driver.CircuitRecord, watchBuffer)}
-	if err := s.hub.subscribe(ctx, sub); err != nil {
-		return nil, err
-	}
-	return sub.circs, nil
+	return s.hub.WatchCircuits(ctx)
 }
 
-// subscribe registers sub until ctx ends, starting the watcher if needed.
-// Every event committed after subscribe returns is delivered to sub.
-func (h *hub) subscribe(ctx context.Context, sub *watchSub) error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.closed {
-		return errClosed
-	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	if h.run == nil {
-		if err := h.start(ctx); err != nil {
-			return ctxErr(ctx, err)
-		}
-	}
-	h.subs[sub] = struct{}{}
-	sub.stopCtx = context.AfterFunc(ctx, func() { h.unsubscribe(sub) })
-	return nil
-}
-
-// unsubscribe removes sub and closes its channel; the watcher stops with
-// the last subscriber.
-func (h *hub) unsubscribe(sub *watchSub) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if _, ok := h.subs[sub]; !ok {
-		return
-	}
-	delete(h.subs, sub)
-	sub.close()
-	if len(h.subs) == 0 && h.run != nil {
-		h.run.cancel()
-		h.run = nil
-	}
-}
-
-func (sub *watchSub) close() {
-	if sub.locks != nil {
-		close(sub.locks)
-	} else {
-		close(sub.circs)
-	}
-}
-
-// close stops the watcher, closes every channel and waits for the watcher
-// goroutine to end.
-func (h *hub) close() {
-	h.mu.Lock()
-	h.closed = true
-	for sub := range h.subs {
-		sub.stopCtx()
-		sub.close()
-	}
-	clear(h.subs)
-	if h.run != nil {
-		h.run.cancel()
-		h.run = nil
-	}
-	h.mu.Unlock()
-	h.wg.Wait()
-}
-
-// start opens the watcher's connection, records where the event stream
-// stands, and starts the goroutine. Called with h.mu held.
-func (h *hub) start(ctx context.Context) error {
+// start opens the watcher's connection and records where the event stream
+// stands, so that every event committed after the first Watch call
+// returns is delivered.
+func (h *hub) start(ctx context.Context) (func(context.Context, *eventhub.Run), error) {
 	s := h.s
 	conn, err := s.db.Conn(ctx)
 	if err != nil {
-		return err
+		return nil, ctxErr(ctx, err)
 	}
 	var version, last int64
 	err = s.retry(ctx, func() error {
@@ -151,18 +63,12 @@ func (h *hub) start(ctx context.Context) error {
 	})
 	if err != nil {
 		conn.Close()
-		return err
+		return nil, ctxErr(ctx, err)
 	}
-	rctx, cancel := context.WithCancel(context.Background())
-	run := &watchRun{cancel: cancel}
-	h.run = run
-	h.wg.Add(1)
-	go func() {
-		defer h.wg.Done()
+	return func(ctx context.Context, run *eventhub.Run) {
 		defer conn.Close()
-		h.loop(rctx, run, conn, version, last)
-	}()
-	return nil
+		h.loop(ctx, run, conn, version, last)
+	}, nil
 }
 
 // event is one row of the events table.
@@ -177,7 +83,7 @@ type event struct {
 	data  sql.NullString
 }
 
-func (h *hub) loop(ctx context.Context, run *watchRun, conn *sql.Conn, version, last int64) {
+func (h *hub) loop(ctx context.Context, run *eventhub.Run, conn *sql.Conn, version, last int64) {
 	t := time.NewTicker(h.s.cfg.poll)
 	defer t.Stop()
 	var poll, read *sql.Stmt // prepared once on the watcher's connection
@@ -252,70 +158,20 @@ func (h *hub) read(ctx context.Context, stmt *sql.Stmt, after int64) ([]event, e
 	return evs, rows.Err()
 }
 
-// deliver fans evs out to the subscribers of the namespace, without ever
-// blocking. gap: events were pruned before this watcher read them, so
-// every subscriber is owed an EventsLost marker. It reports false if run
-// is no longer the current watcher.
-func (h *hub) deliver(run *watchRun, evs []event, gap bool) bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.run != run {
-		return false
-	}
-	for sub := range h.subs {
-		if gap {
-			sub.lost = true
-		}
-		sub.flushLost()
-	}
+// deliver fans the namespace's events among evs out to the subscribers
+// (eventhub.Hub.Deliver). gap: events were pruned before this watcher read
+// them. It reports false if run is no longer the current watcher.
+func (h *hub) deliver(run *eventhub.Run, evs []event, gap bool) bool {
+	var locks []driver.LockEvent
+	var circs []driver.CircuitRecord
 	for _, e := range evs {
 		if le, ok := h.lockEvent(e); ok {
-			for sub := range h.subs {
-				if sub.locks != nil && sub.flushLost() {
-					select {
-					case sub.locks <- le:
-					default:
-						sub.lost = true
-					}
-				}
-			}
-			continue
-		}
-		if cr, ok := h.circuitEvent(e); ok {
-			for sub := range h.subs {
-				if sub.circs != nil && sub.flushLost() {
-					select {
-					case sub.circs <- cr:
-					default:
-						sub.lost = true
-					}
-				}
-			}
+			locks = append(locks, le)
+		} else if cr, ok := h.circuitEvent(e); ok {
+			circs = append(circs, cr)
 		}
 	}
-	return true
-}
-
-// flushLost sends an owed EventsLost marker if there is room; it reports
-// whether nothing is owed any more.
-func (sub *watchSub) flushLost() bool {
-	if !sub.lost {
-		return true
-	}
-	if sub.locks != nil {
-		select {
-		case sub.locks <- driver.LockEvent{Kind: driver.EventsLost}:
-			sub.lost = false
-		default:
-		}
-	} else {
-		select {
-		case sub.circs <- driver.CircuitRecord{}:
-			sub.lost = false
-		default:
-		}
-	}
-	return !sub.lost
+	return h.Deliver(run, locks, circs, gap)
 }
 
 // lockEvent converts a lock event of this namespace.

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/warden-go/warden/driver"
+	"github.com/warden-go/warden/internal/eventhub"
 )
 
 const waitLimit = 10 * time.Second
@@ -177,15 +178,11 @@ func TestWatchCircuits(t *testing.T) {
 func TestWatchLifecycle(t *testing.T) {
 	st, _ := openTest(t, nil)
 	s := st.Driver().(*store)
-	running := func() bool {
-		s.hub.mu.Lock()
-		defer s.hub.mu.Unlock()
-		return s.hub.run != nil
-	}
+	running := s.hub.Running
 	watcherGone := func() {
 		t.Helper()
 		done := make(chan struct{})
-		go func() { s.hub.wg.Wait(); close(done) }()
+		go func() { s.hub.Wait(); close(done) }()
 		select {
 		case <-done:
 		case <-time.After(waitLimit):
@@ -252,7 +249,7 @@ func TestWatchSlowReceiver(t *testing.T) {
 	}
 	l := st.Locks()
 	// 2 events per cycle: well over the channel's capacity.
-	for i := 0; i < watchBuffer; i++ {
+	for i := 0; i < eventhub.Buffer; i++ {
 		rec, _, err := l.Acquire(ctx, "busy", "o", time.Minute)
 		if err != nil {
 			t.Fatal(err)
@@ -268,7 +265,7 @@ func TestWatchSlowReceiver(t *testing.T) {
 		case ev := <-ch:
 			n++
 			if ev.Kind == driver.EventsLost {
-				if n <= watchBuffer {
+				if n <= eventhub.Buffer {
 					t.Fatalf("EventsLost after only %d events", n)
 				}
 				return
