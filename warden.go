@@ -16,7 +16,10 @@ import (
 )
 
 // Opener opens a driver store from a URL. Stores register one per scheme.
-type Opener func(ctx context.Context, u *url.URL) (driver.Store, error)
+// logger is the Options.Logger given to OpenWith (never nil:
+// slog.Default() when none was given); a store logs its own warnings
+// there (a server without TTL indexes, say).
+type Opener func(ctx context.Context, u *url.URL, logger *slog.Logger) (driver.Store, error)
 
 var (
 	registryMu sync.RWMutex
@@ -140,7 +143,11 @@ func OpenWith(ctx context.Context, rawURL string, opts *Options) (*Store, error)
 	if err := driver.ValidatePrefix(u.Query().Get("prefix")); err != nil {
 		return nil, fmt.Errorf("warden: open %s: %w", driver.RedactURL(u), err)
 	}
-	drv, err := open(ctx, u)
+	logger := slog.Default()
+	if opts != nil && opts.Logger != nil {
+		logger = opts.Logger
+	}
+	drv, err := open(ctx, u, logger)
 	if err != nil {
 		if cerr := contextErr(ctx, err); cerr != nil {
 			return nil, cerr

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"net/url"
 	"strings"
 	"sync"
@@ -206,5 +207,28 @@ func TestOpenErrorsHideQuerySecrets(t *testing.T) {
 	_, err := warden.Open(context.Background(), "memory://db?password=s3cret&prefix=bad")
 	if err == nil || strings.Contains(err.Error(), "s3cret") {
 		t.Fatalf("Open error shows a query-parameter secret: %v", err)
+	}
+}
+
+// TestOpenPassesTheLogger: a store opened by URL gets the Options.Logger
+// for its own warnings, and slog.Default() without one.
+func TestOpenPassesTheLogger(t *testing.T) {
+	var got *slog.Logger
+	warden.Register("logger-probe", func(ctx context.Context, u *url.URL, logger *slog.Logger) (driver.Store, error) {
+		got = logger
+		return nil, errors.New("probe only")
+	})
+	mine := slog.New(slog.DiscardHandler)
+	if _, err := warden.OpenWith(context.Background(), "logger-probe://x", &warden.Options{Logger: mine}); err == nil {
+		t.Fatal("the probe opener's error was lost")
+	}
+	if got != mine {
+		t.Fatal("the opener did not get Options.Logger")
+	}
+	if _, err := warden.Open(context.Background(), "logger-probe://x"); err == nil {
+		t.Fatal("the probe opener's error was lost")
+	}
+	if got != slog.Default() {
+		t.Fatal("without Options.Logger the opener must get slog.Default()")
 	}
 }

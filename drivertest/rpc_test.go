@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -190,7 +191,7 @@ type rpcStore struct {
 	limits   driver.Limits
 }
 
-func openRPC(ctx context.Context, u *url.URL) (driver.Store, error) {
+func openRPC(ctx context.Context, u *url.URL, _ *slog.Logger) (driver.Store, error) {
 	q := driver.NewParams(u)
 	prefix := q.String("prefix", "")
 	if err := q.Err(); err != nil {

@@ -45,14 +45,9 @@ package main
 
 import (
 	"context"
-	"log/slog"
 	"os"
 )
 
 func main() {
-	// Stores opened by URL log their warnings (a MongoDB server without
-	// TTL indexes, say) to the default logger; the commands report what
-	// matters in one line instead.
-	slog.SetDefault(slog.New(slog.DiscardHandler))
 	os.Exit(run(context.Background(), os.Args[1:], os.Stdin, os.Stdout, os.Stderr, os.Environ()))
 }

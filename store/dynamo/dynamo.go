@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -156,7 +157,9 @@ func OpenDriver(ctx context.Context, rawURL string, opts *Options) (driver.Store
 	return open(ctx, u, opts)
 }
 
-func openURL(ctx context.Context, u *url.URL) (driver.Store, error) { return open(ctx, u, nil) }
+func openURL(ctx context.Context, u *url.URL, _ *slog.Logger) (driver.Store, error) {
+	return open(ctx, u, nil)
+}
 
 // urlConfig is what a dynamodb:// URL says.
 type urlConfig struct {

@@ -33,6 +33,7 @@ package memory
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"sync"
 	"sync/atomic"
@@ -75,7 +76,7 @@ func init() {
 }
 
 // openURL opens memory:// (private) and memory://NAME (shared) URLs.
-func openURL(ctx context.Context, u *url.URL) (driver.Store, error) {
+func openURL(ctx context.Context, u *url.URL, _ *slog.Logger) (driver.Store, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}

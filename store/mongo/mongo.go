@@ -183,8 +183,8 @@ func OpenDriver(ctx context.Context, rawURL string, opts *Options) (driver.Store
 	return openConfig(ctx, cfg)
 }
 
-func openURL(ctx context.Context, u *url.URL) (driver.Store, error) {
-	cfg, err := parseURL(u, nil)
+func openURL(ctx context.Context, u *url.URL, logger *slog.Logger) (driver.Store, error) {
+	cfg, err := parseURL(u, &Options{Logger: logger})
 	if err != nil {
 		return nil, err
 	}

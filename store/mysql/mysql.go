@@ -21,6 +21,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net/url"
 	"regexp"
@@ -132,7 +133,7 @@ func OpenDriver(ctx context.Context, dsnOrURL string, opts *Options) (driver.Sto
 	return openConfig(ctx, cfg, opts)
 }
 
-func openURL(ctx context.Context, u *url.URL) (driver.Store, error) {
+func openURL(ctx context.Context, u *url.URL, _ *slog.Logger) (driver.Store, error) {
 	cfg, opts, err := parseURL(u, nil)
 	if err != nil {
 		return nil, err

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net/url"
 	"path/filepath"
@@ -108,7 +109,7 @@ func OpenDriver(ctx context.Context, path string, opts *Options) (driver.Store, 
 }
 
 // openURL is the warden.Opener for the "sqlite" scheme.
-func openURL(ctx context.Context, u *url.URL) (driver.Store, error) {
+func openURL(ctx context.Context, u *url.URL, _ *slog.Logger) (driver.Store, error) {
 	path, opts, err := parseURL(u)
 	if err != nil {
 		return nil, err
