@@ -245,7 +245,15 @@ func newConfig(opts *Options) (config, error) {
 
 // dsn builds the modernc.org/sqlite data source name for path: a file: URI
 // (so that any character of the path is safe) with the pragmas every
-// connection runs when it opens.
+// connection runs when it opens. modernc.org/sqlite runs the _pragma
+// parameters on each new connection of the pool, so every connection the
+// store ever uses (the watcher's too) has them.
+//
+// synchronous=FULL: in WAL mode, SQLite then syncs the WAL at every commit,
+// so a commit has reached the disk when the statement returns. With NORMAL
+// it syncs only at checkpoints, and a power loss can roll back the last
+// commits: an acquire, claim or fence the caller was told succeeded could
+// vanish, and its fencing token be handed out again.
 func dsn(path string, busy time.Duration) string {
 	var b strings.Builder
 	b.WriteString("file:")
@@ -259,10 +267,13 @@ func dsn(path string, busy time.Duration) string {
 	}
 	ms := driver.Millis(min(busy, busyAttempt))
 	b.WriteString("?_pragma=busy_timeout(" + strconv.FormatInt(ms, 10) + ")")
-	b.WriteString("&_pragma=synchronous(NORMAL)")
+	b.WriteString("&_pragma=synchronous(" + syncMode + ")")
 	b.WriteString("&_txlock=immediate")
 	return b.String()
 }
+
+// syncMode is the PRAGMA synchronous of every connection (see dsn).
+const syncMode = "FULL"
 
 // maxOpenConns bounds the connection pool. Writers of one process are
 // serialised anyway; readers run in parallel under WAL.

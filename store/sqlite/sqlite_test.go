@@ -249,8 +249,8 @@ func TestOptions(t *testing.T) {
 		t.Errorf("journal_mode = %q, %v", mode, err)
 	}
 	var syncMode int
-	if err := s.db.QueryRow("PRAGMA synchronous").Scan(&syncMode); err != nil || syncMode != 1 {
-		t.Errorf("synchronous = %d (want 1, NORMAL), %v", syncMode, err)
+	if err := s.db.QueryRow("PRAGMA synchronous").Scan(&syncMode); err != nil || syncMode != 2 {
+		t.Errorf("synchronous = %d (want 2, FULL), %v", syncMode, err)
 	}
 }
 
@@ -526,4 +526,70 @@ func TestTransactionsImmediate(t *testing.T) {
 	if !isBusy(err) {
 		t.Fatalf("BEGIN IMMEDIATE elsewhere: %v, want SQLITE_BUSY", err)
 	}
+}
+
+// synchronousFull checks that every connection db can hold at once runs
+// with PRAGMA synchronous=FULL (2) or stronger: holding maxOpenConns
+// connections together makes the pool open each one.
+func synchronousFull(t *testing.T, db *sql.DB) {
+	t.Helper()
+	ctx := context.Background()
+	conns := make([]*sql.Conn, 0, maxOpenConns)
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i := 0; i < maxOpenConns; i++ {
+		c, err := db.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+		var level int
+		if err := c.QueryRowContext(ctx, "PRAGMA synchronous").Scan(&level); err != nil {
+			t.Fatal(err)
+		}
+		// 0 OFF, 1 NORMAL, 2 FULL, 3 EXTRA. In WAL mode only FULL and
+		// EXTRA sync the log at every commit.
+		if level < 2 {
+			t.Fatalf("connection %d of the pool: PRAGMA synchronous = %d, want FULL (2): a commit that returned can be lost on power loss", i+1, level)
+		}
+	}
+}
+
+// TestSynchronousFull: every connection of the store's pool commits
+// durably (synchronous=FULL): a lock, claim or fence whose write returned
+// survives a power loss, so its fencing token is never handed out again.
+// Neither a URL nor an odd file name can lower it.
+func TestSynchronousFull(t *testing.T) {
+	ctx := context.Background()
+	st, _ := openTest(t, nil)
+	synchronousFull(t, st.Driver().(*store).db)
+
+	// A URL cannot pass pragmas to the driver: unknown parameters are
+	// refused.
+	dir := t.TempDir()
+	u := "sqlite://" + filepath.ToSlash(filepath.Join(dir, "url.db")) + "?_pragma=synchronous(OFF)"
+	if st, err := warden.Open(ctx, u); err == nil {
+		st.Close()
+		t.Fatalf("warden.Open(%q): no error", u)
+	} else if !errors.Is(err, driver.ErrBadURL) {
+		t.Fatalf("warden.Open(%q): %v, want ErrBadURL", u, err)
+	}
+
+	// A path that looks like DSN parameters is a file name, through
+	// Open and through an escaped URL alike.
+	odd := filepath.Join(dir, "odd.db?_pragma=synchronous(OFF)&_pragma=journal_mode(DELETE)")
+	synchronousFull(t, openAt(t, odd, nil).Driver().(*store).db)
+	if _, err := os.Stat(odd); err != nil {
+		t.Fatalf("the odd path is not the file: %v", err)
+	}
+	u = "sqlite://" + filepath.ToSlash(filepath.Join(dir, "esc.db")) + "%3F_pragma=synchronous(OFF)"
+	st2, err := warden.Open(ctx, u)
+	if err != nil {
+		t.Fatalf("warden.Open(%q): %v", u, err)
+	}
+	defer st2.Close()
+	synchronousFull(t, st2.Driver().(*store).db)
 }
