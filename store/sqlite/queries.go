@@ -230,7 +230,8 @@ RETURNING 1`)
 	// not changed for the lock retention.
 	q.purgeFences = sub(c, `DELETE FROM {F} WHERE namespace = ? AND %s AND updated_at <= ?
 	AND NOT EXISTS (SELECT 1 FROM {P} WHERE {P}.namespace = {F}.namespace AND {P}.task_id = {F}.task_id)`)
-	q.purgeEvents = sub(c, `DELETE FROM {E} WHERE at < ?`)
+	// Events go by insertion order: all but the eventWindow newest.
+	q.purgeEvents = sub(c, `DELETE FROM {E} WHERE id <= (SELECT COALESCE(MAX(id), 0) FROM {E}) - ?`)
 
 	// ----- events
 	q.evSeq = fmt.Sprintf(`SELECT COALESCE((SELECT seq FROM sqlite_sequence WHERE name = '%s'), 0)`, c.events)

@@ -7,9 +7,12 @@ import (
 	"strings"
 )
 
-// eventRetentionMs is how long rows stay in the events table. A watcher
-// that falls further behind than this gets EventsLost.
-const eventRetentionMs = 60_000
+// eventWindow is how many of the newest events the events table keeps:
+// events are pruned by insertion order (id), never by their time, which
+// is the time of what they report (an expiry can be long past when the
+// takeover that reports it happens). A watcher that falls further behind
+// than this many events gets EventsLost.
+const eventWindow = 16384
 
 // querier is what *sql.DB, *sql.Conn and *sql.Tx have in common.
 type querier interface {
@@ -35,7 +38,13 @@ type tableDef struct {
 
 // indexDef is one index; triggerDef one trigger.
 type indexDef struct{ name, sql string }
-type triggerDef struct{ name, sql string }
+type triggerDef struct {
+	name, sql string
+	// replace: a trigger of this name whose definition differs from sql
+	// (an earlier version's) is dropped and created again. Other triggers
+	// are only created when missing.
+	replace bool
+}
 
 // layout is the complete schema for a configuration.
 type layout struct {
@@ -145,12 +154,12 @@ func newLayout(c config) layout {
 	// live holder changes neither token nor released_at: no event.
 	evCols := fmt.Sprintf(`INSERT INTO %s (kind, namespace, key, owner, token, at, data)`, quote(E))
 	l.triggers = []triggerDef{
-		{L + "_warden_ev_ins", fmt.Sprintf(`CREATE TRIGGER IF NOT EXISTS %s AFTER INSERT ON %s
+		{name: L + "_warden_ev_ins", sql: fmt.Sprintf(`CREATE TRIGGER IF NOT EXISTS %s AFTER INSERT ON %s
 WHEN NEW.released_at IS NULL
 BEGIN
 	%s VALUES ('acquired', NEW.namespace, NEW.key, NEW.owner, NEW.token, COALESCE(NEW.acquired_at, NEW.updated_at, 0), NULL);
 END`, quote(L+"_warden_ev_ins"), quote(L), evCols)},
-		{L + "_warden_ev_upd", fmt.Sprintf(`CREATE TRIGGER IF NOT EXISTS %s AFTER UPDATE ON %s
+		{name: L + "_warden_ev_upd", sql: fmt.Sprintf(`CREATE TRIGGER IF NOT EXISTS %s AFTER UPDATE ON %s
 WHEN NEW.token IS NOT OLD.token OR (OLD.released_at IS NULL AND NEW.released_at IS NOT NULL)
 BEGIN
 	%s SELECT 'expired', OLD.namespace, OLD.key, OLD.owner, OLD.token, COALESCE(OLD.expires_at, 0), NULL
@@ -169,28 +178,33 @@ END`, quote(L+"_warden_ev_upd"), quote(L), evCols, evCols, evCols)},
 		'version', NEW.version, 'updated_at', NEW.updated_at)`
 	sqlNow := `CAST(unixepoch('subsec') * 1000 AS INTEGER)`
 	l.triggers = append(l.triggers,
-		triggerDef{C + "_warden_ev_ins", fmt.Sprintf(`CREATE TRIGGER IF NOT EXISTS %s AFTER INSERT ON %s
+		triggerDef{name: C + "_warden_ev_ins", sql: fmt.Sprintf(`CREATE TRIGGER IF NOT EXISTS %s AFTER INSERT ON %s
 BEGIN
 	%s VALUES ('circuit', NEW.namespace, NEW.key, NEW.probe_owner, NEW.version, COALESCE(NEW.updated_at, %s), %s);
 END`, quote(C+"_warden_ev_ins"), quote(C), evCols, sqlNow, snap)},
-		triggerDef{C + "_warden_ev_upd", fmt.Sprintf(`CREATE TRIGGER IF NOT EXISTS %s AFTER UPDATE ON %s
+		triggerDef{name: C + "_warden_ev_upd", sql: fmt.Sprintf(`CREATE TRIGGER IF NOT EXISTS %s AFTER UPDATE ON %s
 WHEN NEW.version IS NOT OLD.version OR NEW.state IS NOT OLD.state OR NEW.failure_count IS NOT OLD.failure_count
 	OR NEW.probe_owner IS NOT OLD.probe_owner OR NEW.probe_until IS NOT OLD.probe_until
 BEGIN
 	%s VALUES ('circuit', NEW.namespace, NEW.key, NEW.probe_owner, NEW.version, COALESCE(NEW.updated_at, %s), %s);
 END`, quote(C+"_warden_ev_upd"), quote(C), evCols, sqlNow, snap)},
-		triggerDef{C + "_warden_ev_del", fmt.Sprintf(`CREATE TRIGGER IF NOT EXISTS %s AFTER DELETE ON %s
+		triggerDef{name: C + "_warden_ev_del", sql: fmt.Sprintf(`CREATE TRIGGER IF NOT EXISTS %s AFTER DELETE ON %s
 BEGIN
 	%s VALUES ('circuit-deleted', OLD.namespace, OLD.key, NULL, NULL, %s, NULL);
 END`, quote(C+"_warden_ev_del"), quote(C), evCols, sqlNow)},
 		// Pruning: each new event deletes up to 8 of the oldest events
-		// if they are older than the retention. Only the 8 first rows are
-		// looked at, so the cost per event is constant.
-		triggerDef{E + "_warden_prune", fmt.Sprintf(`CREATE TRIGGER IF NOT EXISTS %s AFTER INSERT ON %s
+		// that have fallen out of the window of the eventWindow newest
+		// (by id: an event's "at" is the time of what it reports, which
+		// for an expiry can be long before the event was written). At
+		// most 8 rows are deleted, so the cost per event is constant; as
+		// each event adds one, the table shrinks back to the window after
+		// an upgrade. The trigger replaces the earlier time-based one of
+		// the same name (replace).
+		triggerDef{name: E + "_warden_prune", sql: fmt.Sprintf(`CREATE TRIGGER IF NOT EXISTS %s AFTER INSERT ON %s
 BEGIN
 	DELETE FROM %s WHERE id IN (
-		SELECT id FROM (SELECT id, at FROM %s ORDER BY id LIMIT 8) WHERE at < NEW.at - %d);
-END`, quote(E+"_warden_prune"), quote(E), quote(E), quote(E), eventRetentionMs)},
+		SELECT id FROM %s WHERE id <= NEW.id - %d ORDER BY id LIMIT 8);
+END`, quote(E+"_warden_prune"), quote(E), quote(E), quote(E), eventWindow), replace: true},
 	)
 	return l
 }
@@ -225,12 +239,28 @@ type inspection struct {
 	missingUnique  map[string]string   // table → columns lacking a unique index
 	missingIndex   []indexDef
 	missingTrigger []triggerDef
+	staleTrigger   []triggerDef // replace triggers defined otherwise
 	legacy         legacy
 }
 
 func (in inspection) current() bool {
 	return len(in.missingTables) == 0 && len(in.missingCols) == 0 && len(in.missingUnique) == 0 &&
-		len(in.missingIndex) == 0 && len(in.missingTrigger) == 0
+		len(in.missingIndex) == 0 && len(in.missingTrigger) == 0 && len(in.staleTrigger) == 0
+}
+
+// sameSQL reports whether two CREATE statements are the same definition:
+// SQLite keeps a statement's text in sqlite_master without its
+// IF NOT EXISTS, and whitespace does not count.
+func sameSQL(a, b string) bool {
+	norm := func(s string) string {
+		f := strings.Fields(s)
+		if len(f) >= 5 && strings.EqualFold(f[0], "CREATE") && strings.EqualFold(f[2], "IF") &&
+			strings.EqualFold(f[3], "NOT") && strings.EqualFold(f[4], "EXISTS") {
+			f = append(f[:2], f[5:]...)
+		}
+		return strings.Join(f, " ")
+	}
+	return norm(a) == norm(b)
 }
 
 type colInfo struct {
@@ -310,31 +340,35 @@ func inspect(ctx context.Context, q querier, l layout, idemTable string) (inspec
 			}
 		}
 	}
-	have := map[string]bool{}
-	rows, err := q.QueryContext(ctx, "SELECT name FROM sqlite_master WHERE type IN ('index', 'trigger')")
+	have := map[string]string{} // name → CREATE statement
+	rows, err := q.QueryContext(ctx, "SELECT name, COALESCE(sql, '') FROM sqlite_master WHERE type IN ('index', 'trigger')")
 	if err != nil {
 		return in, err
 	}
 	for rows.Next() {
-		var name string
-		if err := rows.Scan(&name); err != nil {
+		var name, def string
+		if err := rows.Scan(&name, &def); err != nil {
 			rows.Close()
 			return in, err
 		}
-		have[name] = true
+		have[name] = def
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
 		return in, err
 	}
 	for _, ix := range l.indexes {
-		if !have[ix.name] {
+		if _, ok := have[ix.name]; !ok {
 			in.missingIndex = append(in.missingIndex, ix)
 		}
 	}
 	for _, tr := range l.triggers {
-		if !have[tr.name] {
+		def, ok := have[tr.name]
+		switch {
+		case !ok:
 			in.missingTrigger = append(in.missingTrigger, tr)
+		case tr.replace && !sameSQL(def, tr.sql):
+			in.staleTrigger = append(in.staleTrigger, tr)
 		}
 	}
 	return in, nil
@@ -379,6 +413,9 @@ func (s *store) migrate(ctx context.Context) (legacy, error) {
 		}
 		for _, tr := range in.missingTrigger {
 			stmts = append(stmts, tr.sql)
+		}
+		for _, tr := range in.staleTrigger {
+			stmts = append(stmts, "DROP TRIGGER IF EXISTS "+quote(tr.name), tr.sql)
 		}
 		for _, st := range stmts {
 			if _, err := tx.ExecContext(ctx, st); err != nil {

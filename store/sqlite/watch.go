@@ -126,12 +126,11 @@ func (h *hub) loop(ctx context.Context, run *eventhub.Run, conn *sql.Conn, versi
 			if err != nil {
 				break // version not advanced: read again at the next tick
 			}
-			gap := len(evs) > 0 && evs[0].id > last+1
+			if !h.deliverRuns(run, evs, last) {
+				return
+			}
 			if len(evs) > 0 {
 				last = evs[len(evs)-1].id
-			}
-			if !h.deliver(run, evs, gap) {
-				return
 			}
 			if len(evs) < evBatch {
 				version = v
@@ -156,6 +155,32 @@ func (h *hub) read(ctx context.Context, stmt *sql.Stmt, after int64) ([]event, e
 		evs = append(evs, e)
 	}
 	return evs, rows.Err()
+}
+
+// deliverRuns delivers evs, read after event id last, in runs of
+// consecutive ids, each run preceded by an EventsLost marker when ids are
+// missing before it. Committed event ids have no holes of their own
+// (AUTOINCREMENT ids of rolled-back inserts are given again), so a missing
+// id is an event pruned, or deleted by Purge, before this watcher read it:
+// before the batch's first event or between two events of the batch. With
+// no events it sends owed markers. It reports false if run is no longer
+// the current watcher.
+func (h *hub) deliverRuns(run *eventhub.Run, evs []event, last int64) bool {
+	if len(evs) == 0 {
+		return h.deliver(run, nil, false)
+	}
+	start := 0
+	gap := evs[0].id > last+1
+	for i := 1; i <= len(evs); i++ {
+		if i < len(evs) && evs[i].id == evs[i-1].id+1 {
+			continue
+		}
+		if !h.deliver(run, evs[start:i], gap) {
+			return false
+		}
+		start, gap = i, true
+	}
+	return true
 }
 
 // deliver fans the namespace's events among evs out to the subscribers
@@ -252,8 +277,8 @@ func (h *hub) circuitEvent(e event) (driver.CircuitRecord, bool) {
 // Purge implements driver.Purger: in the namespace, expired cache entries,
 // lapsed idempotency records, lock records idle for at least
 // lockRetention and the fence rows of tasks without checkpoints unchanged
-// for lockRetention; and events older than the event retention. Each is
-// one DELETE statement.
+// for lockRetention; and the events older than the eventWindow newest
+// (pruning by id, as the trigger does). Each is one DELETE statement.
 func (s *store) Purge(ctx context.Context, lockRetention time.Duration) (int64, error) {
 	var total int64
 	for _, p := range []struct {
@@ -281,8 +306,8 @@ func (s *store) Purge(ctx context.Context, lockRetention time.Duration) (int64, 
 		return total, err
 	}
 	total += n
-	if _, err := s.execCount(ctx, s.q.purgeEvents, func(now int64) []any {
-		return []any{now - eventRetentionMs}
+	if _, err := s.execCount(ctx, s.q.purgeEvents, func(int64) []any {
+		return []any{eventWindow}
 	}); err != nil {
 		return total, err
 	}

@@ -2,6 +2,9 @@ package sqlite
 
 import (
 	"context"
+	"database/sql"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -313,43 +316,227 @@ func TestWatchGap(t *testing.T) {
 	expectLock(t, ch, driver.LockAcquired, "k", "kept", 1)
 }
 
-// TestEventsPruned: the events table does not grow without bound, even
-// with no watcher.
+// TestWatchExpiredInQuietTable: a holding that expired long before
+// another owner takes the key over (no other event in between) is
+// reported LockExpired to watchers. The expired event carries the old
+// expiry as its time; pruning the events table by time deleted it in the
+// statement that wrote it, and watchers got EventsLost instead.
+func TestWatchExpiredInQuietTable(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	st, _ := openTest(t, nil)
+	s := st.Driver().(*store)
+	ch, err := st.Locks().Watch(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := st.Locks()
+	c, _, err := l.Acquire(ctx, "k", "carol", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	expectLock(t, ch, driver.LockAcquired, "k", "carol", c.Token)
+
+	// carol's process died two minutes ago: her holding expired then,
+	// and nothing has happened since.
+	expired := time.Now().Add(-2 * time.Minute).UnixMilli()
+	if _, err := s.db.ExecContext(ctx, `UPDATE go_goscope_locks SET acquired_at = ?, expires_at = ?, updated_at = ? WHERE key = ?`,
+		expired-time.Minute.Milliseconds(), expired, expired, s.lockPfx+"k"); err != nil {
+		t.Fatal(err)
+	}
+	d, ok, err := l.Acquire(ctx, "k", "dave", time.Minute)
+	if err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	ev := expectLock(t, ch, driver.LockExpired, "k", "carol", c.Token)
+	if ev.At.UnixMilli() != expired {
+		t.Fatalf("expired event at %v, holding expired at %v", ev.At, msTime(expired))
+	}
+	expectLock(t, ch, driver.LockAcquired, "k", "dave", d.Token)
+}
+
+// TestWatchGapInsideBatch: events missing between two events that the
+// watcher reads in one batch are reported where they were lost:
+// EventsLost between the two.
+func TestWatchGapInsideBatch(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	st, _ := openTest(t, nil)
+	ch, err := st.Locks().Watch(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := st.Driver().(*store).db
+	// One transaction: the watcher sees its events together, in one read.
+	tx, err := db.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ins := `INSERT INTO go_goscope_events (kind, namespace, key, owner, token, at) VALUES ('acquired', '', 'lock:k', ?, ?, ?)`
+	now := time.Now().UnixMilli()
+	if _, err := tx.Exec(ins, "before", 1, now); err != nil {
+		t.Fatal(err)
+	}
+	res, err := tx.Exec(ins, "pruned", 2, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := res.LastInsertId()
+	if _, err := tx.Exec(`DELETE FROM go_goscope_events WHERE id = ?`, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ins, "after", 3, now); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	expectLock(t, ch, driver.LockAcquired, "k", "before", 1)
+	if ev := nextLock(t, ch); ev.Kind != driver.EventsLost {
+		t.Fatalf("event after a missing id: %+v, want EventsLost", ev)
+	}
+	expectLock(t, ch, driver.LockAcquired, "k", "after", 3)
+}
+
+// TestDeliverRunsSplitsAtGaps: a batch is delivered in runs of
+// consecutive ids, with EventsLost before every run that follows missing
+// ids, and only there.
+func TestDeliverRunsSplitsAtGaps(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	st, _ := openTest(t, nil)
+	s := st.Driver().(*store)
+	// A hub of the store whose watcher loop does not read the database:
+	// it hands over its Run, and the test delivers batches itself.
+	runs := make(chan *eventhub.Run, 1)
+	h := &hub{s: s}
+	h.Hub = eventhub.New(func(context.Context) (func(context.Context, *eventhub.Run), error) {
+		return func(ctx context.Context, run *eventhub.Run) { runs <- run; <-ctx.Done() }, nil
+	}, errClosed)
+	defer h.Close()
+	hch, err := h.WatchLocks(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := <-runs
+	ev := func(id int64) event {
+		return event{id: id, kind: "acquired", key: s.lockPfx + "k", at: 1, token: sql.NullInt64{Int64: id, Valid: true}}
+	}
+	// After id 10: 11 12 | 14 | 17 18.
+	if !h.deliverRuns(run, []event{ev(11), ev(12), ev(14), ev(17), ev(18)}, 10) {
+		t.Fatal("deliverRuns refused the current run")
+	}
+	var got []int64 // tokens, 0 for EventsLost
+	for len(got) < 7 {
+		e := nextLock(t, hch)
+		got = append(got, e.Token)
+	}
+	want := []int64{11, 12, 0, 14, 0, 17, 18}
+	if !slices.Equal(got, want) {
+		t.Fatalf("delivered %v, want %v (0: EventsLost)", got, want)
+	}
+	// A gap before the first event: the marker comes first.
+	if !h.deliverRuns(run, []event{ev(20)}, 18) {
+		t.Fatal("deliverRuns refused the current run")
+	}
+	if e := nextLock(t, hch); e.Kind != driver.EventsLost {
+		t.Fatalf("first event after a gap: %+v, want EventsLost", e)
+	}
+	if e := nextLock(t, hch); e.Token != 20 {
+		t.Fatalf("event %+v, want token 20", e)
+	}
+}
+
+// TestEventsPruned: the events table keeps the eventWindow newest events,
+// whatever their time, with or without a watcher.
 func TestEventsPruned(t *testing.T) {
 	ctx := context.Background()
 	st, _ := openTest(t, nil)
 	db := st.Driver().(*store).db
-	old := time.Now().Add(-2 * time.Minute).UnixMilli()
+	count := func() (n, minID, maxID int64) {
+		t.Helper()
+		if err := db.QueryRow(`SELECT count(*), COALESCE(min(id), 0), COALESCE(max(id), 0) FROM go_goscope_events`).Scan(&n, &minID, &maxID); err != nil {
+			t.Fatal(err)
+		}
+		return n, minID, maxID
+	}
+	// Events about long-past times are kept in a quiet table.
+	old := time.Now().Add(-time.Hour).UnixMilli()
 	for i := 0; i < 20; i++ {
-		if _, err := db.Exec(`INSERT INTO go_goscope_events (kind, namespace, key, at) VALUES ('acquired', '', 'lock:old', ?)`, old); err != nil {
+		if _, err := db.Exec(`INSERT INTO go_goscope_events (kind, namespace, key, at) VALUES ('expired', '', 'lock:old', ?)`, old); err != nil {
 			t.Fatal(err)
 		}
 	}
-	// Each new event prunes up to 8 old ones.
-	for i := 0; i < 3; i++ {
-		rec, _, err := st.Locks().Acquire(ctx, "k", "o", time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := st.Locks().Release(ctx, "k", "o", rec.Token); err != nil {
-			t.Fatal(err)
-		}
+	rec, _, err := st.Locks().Acquire(ctx, "k", "o", time.Minute)
+	if err != nil {
+		t.Fatal(err)
 	}
-	var oldLeft, total int
-	db.QueryRow(`SELECT count(*) FROM go_goscope_events WHERE key = 'lock:old'`).Scan(&oldLeft)
-	db.QueryRow(`SELECT count(*) FROM go_goscope_events`).Scan(&total)
-	if oldLeft != 0 || total != 6 {
-		t.Fatalf("%d old events left, %d in all; want 0 and 6", oldLeft, total)
-	}
-	// Purge deletes old events too.
-	if _, err := db.Exec(`INSERT INTO go_goscope_events (kind, namespace, key, at) VALUES ('acquired', '', 'lock:old', ?)`, old); err != nil {
+	if _, err := st.Locks().Release(ctx, "k", "o", rec.Token); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := st.Purge(ctx, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	db.QueryRow(`SELECT count(*) FROM go_goscope_events WHERE key = 'lock:old'`).Scan(&oldLeft)
-	if oldLeft != 0 {
-		t.Fatalf("Purge left %d old events", oldLeft)
+	if n, _, _ := count(); n != 22 {
+		t.Fatalf("%d events in a quiet table, want all 22", n)
+	}
+	// Past the window, the oldest go first, and only they.
+	fill := `WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < ?)
+		INSERT INTO go_goscope_events (kind, namespace, key, at) SELECT 'acquired', '', 'lock:fill', ? FROM c`
+	if _, err := db.Exec(fill, eventWindow, time.Now().UnixMilli()); err != nil {
+		t.Fatal(err)
+	}
+	n, minID, maxID := count()
+	if n != eventWindow || maxID-minID+1 != eventWindow {
+		t.Fatalf("%d events, ids %d..%d; want the %d newest", n, minID, maxID, eventWindow)
+	}
+}
+
+// TestEventsPruneUpgraded: a database whose prune trigger is the earlier,
+// time-based one gets the id-based one when opened, once; Purge then
+// trims the table to the window, newest kept.
+func TestEventsPruneUpgraded(t *testing.T) {
+	ctx := context.Background()
+	st, path := openTest(t, nil)
+	db := st.Driver().(*store).db
+	oldTrigger := `CREATE TRIGGER "go_goscope_events_warden_prune" AFTER INSERT ON "go_goscope_events"
+BEGIN
+	DELETE FROM "go_goscope_events" WHERE id IN (
+		SELECT id FROM (SELECT id, at FROM "go_goscope_events" ORDER BY id LIMIT 8) WHERE at < NEW.at - 60000);
+END`
+	if _, err := db.Exec(`DROP TRIGGER "go_goscope_events_warden_prune"`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(oldTrigger); err != nil {
+		t.Fatal(err)
+	}
+	fill := `WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < ?)
+		INSERT INTO go_goscope_events (kind, namespace, key, at) SELECT 'acquired', '', 'lock:fill', ? FROM c`
+	if _, err := db.Exec(fill, eventWindow+50, time.Now().UnixMilli()); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+
+	st2 := openAt(t, path, nil)
+	s2 := st2.Driver().(*store)
+	var def string
+	if err := s2.db.QueryRow(`SELECT sql FROM sqlite_master WHERE name = 'go_goscope_events_warden_prune'`).Scan(&def); err != nil {
+		t.Fatal(err)
+	}
+	if sameSQL(def, oldTrigger) || !strings.Contains(def, "NEW.id -") {
+		t.Fatalf("prune trigger not replaced: %s", def)
+	}
+	if ok, _, err := s2.schemaCurrent(ctx); err != nil || !ok {
+		t.Fatalf("schema current after the upgrade: %v, %v; want true (no migration at every open)", ok, err)
+	}
+	var maxID int64
+	s2.db.QueryRow(`SELECT max(id) FROM go_goscope_events`).Scan(&maxID)
+	if _, err := st2.Purge(ctx, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	var n, minID int64
+	s2.db.QueryRow(`SELECT count(*), min(id) FROM go_goscope_events`).Scan(&n, &minID)
+	if n != eventWindow || minID != maxID-eventWindow+1 {
+		t.Fatalf("after Purge: %d events from id %d; want the %d newest (up to id %d)", n, minID, eventWindow, maxID)
 	}
 }
