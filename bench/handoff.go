@@ -20,9 +20,15 @@ const HandoffMetric = "handoff-p50-µs"
 // lock.DefaultRetryMin and lock.DefaultRetryMax).
 func handoff(b *testing.B, u string) {
 	ctx := context.Background()
-	holder := lock.New(open(b, u), &lock.Options{TTL: time.Minute})
+	holder, err := lock.New(open(b, u), &lock.Options{TTL: time.Minute})
+	if err != nil {
+		b.Fatal(err)
+	}
 	b.Cleanup(func() { holder.Close() })
-	waiter := lock.New(open(b, u), &lock.Options{TTL: time.Minute})
+	waiter, err := lock.New(open(b, u), &lock.Options{TTL: time.Minute})
+	if err != nil {
+		b.Fatal(err)
+	}
 	b.Cleanup(func() { waiter.Close() })
 	var lat []time.Duration
 	for b.Loop() {

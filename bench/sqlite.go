@@ -89,7 +89,10 @@ func primitiveCycle(b *testing.B, u string) {
 // scheduling.
 func lockerCycle(b *testing.B, u string) {
 	ctx := context.Background()
-	lk := lock.New(open(b, u), &lock.Options{TTL: time.Minute})
+	lk, err := lock.New(open(b, u), &lock.Options{TTL: time.Minute})
+	if err != nil {
+		b.Fatal(err)
+	}
 	b.Cleanup(func() { lk.Close() })
 	for b.Loop() {
 		lease, err := lk.TryAcquire(ctx, "bench")

@@ -170,7 +170,9 @@ func Run[T any](ctx context.Context, st *warden.Store, taskID string, fn func(ct
 	if o.Lock || o.Locker != nil || o.LockOptions != nil {
 		locker := o.Locker
 		if locker == nil {
-			locker = lock.New(st, o.LockOptions)
+			if locker, err = lock.New(st, o.LockOptions); err != nil {
+				return fmt.Errorf("checkpoint: %w", err)
+			}
 			defer locker.Close()
 		}
 		var lease *lock.Lease

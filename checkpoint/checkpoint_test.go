@@ -497,7 +497,10 @@ func TestLockedRunsNeverOverlap(t *testing.T) {
 func TestNoWaitAndSharedLocker(t *testing.T) {
 	ctx := context.Background()
 	st := stores(t, 1)[0]
-	locker := lock.New(st, nil)
+	locker, err := lock.New(st, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer locker.Close()
 	held, err := locker.Acquire(ctx, checkpoint.LockKey("busy"))
 	if err != nil {

@@ -67,7 +67,9 @@ func (s *suite) smokeLock(t *testing.T) {
 	const key = "smoke-lock"
 	lockers := make([]*lock.Locker, workers)
 	for i := range lockers {
-		lockers[i] = lock.New(st, &lock.Options{TTL: 10 * time.Second, RetryMax: 50 * time.Millisecond})
+		var err error
+		lockers[i], err = lock.New(st, &lock.Options{TTL: 10 * time.Second, RetryMax: 50 * time.Millisecond})
+		fatalIf(t, "lock.New", err)
 		t.Cleanup(func() {
 			if err := lockers[i].Close(); err != nil {
 				t.Errorf("Locker.Close: %v", err)
@@ -363,7 +365,8 @@ func (s *suite) leaseLostForceRelease(t *testing.T) {
 	ctx := testCtx(t)
 	const ttl = 3 * time.Second
 	const wait = ttl + 5*time.Second
-	locker := lock.New(st, &lock.Options{TTL: ttl, RefreshInterval: 100 * time.Millisecond})
+	locker, err := lock.New(st, &lock.Options{TTL: ttl, RefreshInterval: 100 * time.Millisecond})
+	fatalIf(t, "lock.New", err)
 	t.Cleanup(func() { locker.Close() })
 
 	const key = "lease-lost"
@@ -475,8 +478,8 @@ func (s *suite) leaseLostRefreshFails(t *testing.T) {
 	fl := &refreshFailLocks{Locks: st.Driver().Locks()}
 	wst := warden.New(&refreshFailStore{Store: st.Driver(), locks: fl}, &warden.Options{Logger: slog.New(slog.DiscardHandler)})
 	const ttl = 600 * time.Millisecond
-	const slack = time.Second
-	locker := lock.New(wst, &lock.Options{TTL: ttl, RefreshInterval: 100 * time.Millisecond})
+	locker, err := lock.New(wst, &lock.Options{TTL: ttl, RefreshInterval: 100 * time.Millisecond})
+	fatalIf(t, "lock.New", err)
 	t.Cleanup(func() { locker.Close() })
 
 	lease, err := locker.Acquire(ctx, "lease-refresh-fails")
@@ -512,11 +515,17 @@ func (s *suite) leaseLostRefreshFails(t *testing.T) {
 	if failed == 0 {
 		t.Errorf("the lease ended without trying to refresh: its Err is %v", lease.Err())
 	}
-	after := ended.Sub(lastSent)
-	if after > ttl+slack {
-		t.Errorf("the lease ended %v after its last successful refresh was sent, beyond its TTL %v (+%v slack): its holder believed it held a lock the store may have handed on", after, ttl, slack)
+	// The deadline rule, computed rather than timed: the lease's deadline
+	// is at most the last successful refresh's send time + TTL −
+	// lock.MinClockSkew, and it did not end before it.
+	if bound := lastSent.Add(ttl - lock.MinClockSkew); lease.Deadline().After(bound) {
+		t.Errorf("the lease's deadline %v is after its last successful refresh's send time + TTL − MinClockSkew (%v): its holder would believe it held a lock the store may have handed on",
+			lease.Deadline().Format(time.RFC3339Nano), bound.Format(time.RFC3339Nano))
 	}
-	t.Logf("the lease ended %v after its last successful refresh was sent (TTL %v), after %d failed refreshes", after, ttl, failed)
+	if ended.Before(lease.Deadline()) {
+		t.Errorf("the lease ended at %v, before its deadline %v, while the store still had it", ended, lease.Deadline())
+	}
+	t.Logf("the lease ended %v after its last successful refresh was sent (TTL %v), after %d failed refreshes", ended.Sub(lastSent), ttl, failed)
 	fl.failing.Store(false)
 	wantErr(t, "Release of the lost lease", lease.Release(ctx), lock.ErrNotHeld)
 }

@@ -126,7 +126,11 @@ func childLockExclusion(ctx context.Context, st *warden.Store, cfg childConfig, 
 	for g := range cfg.Goroutines {
 		wg.Go(func() {
 			who := fmt.Sprintf("child-%d-g%d", cfg.ID, g)
-			l := lock.New(st, &lock.Options{TTL: cfg.TTL, RetryMax: 50 * time.Millisecond})
+			l, err := lock.New(st, &lock.Options{TTL: cfg.TTL, RetryMax: 50 * time.Millisecond})
+			if err != nil {
+				fail("%s: lock.New: %v", who, err)
+				return
+			}
 			defer func() {
 				if err := l.Close(); err != nil {
 					fail("%s: Locker.Close: %v", who, err)
@@ -183,7 +187,11 @@ func childLockExclusion(ctx context.Context, st *warden.Store, cfg childConfig, 
 // parent waits for it, writes the local time, releases it, and waits until
 // the parent has taken it over.
 func childLockHolder(ctx context.Context, st *warden.Store, cfg childConfig, res *childResult, mu *sync.Mutex, fail func(string, ...any)) {
-	l := lock.New(st, &lock.Options{TTL: cfg.TTL, RetryMax: 50 * time.Millisecond})
+	l, err := lock.New(st, &lock.Options{TTL: cfg.TTL, RetryMax: 50 * time.Millisecond})
+	if err != nil {
+		fail("lock.New: %v", err)
+		return
+	}
 	defer func() {
 		if err := l.Close(); err != nil {
 			fail("Locker.Close: %v", err)
@@ -749,7 +757,8 @@ func (s *suite) portableLockHandoff(t *testing.T) {
 	// Acquire has found the key held and waits.
 	hook := &opCounter{op: "lock.acquire", key: key}
 	wst := warden.New(unclosed(st.Driver()), &warden.Options{Hook: hook, Logger: st.Logger()})
-	locker := lock.New(wst, &lock.Options{TTL: 30 * time.Second, RetryMin: retry, RetryMax: retry})
+	locker, err := lock.New(wst, &lock.Options{TTL: 30 * time.Second, RetryMin: retry, RetryMax: retry})
+	fatalIf(t, "lock.New", err)
 	defer locker.Close()
 
 	f := startFleet(t, cfgs)

@@ -24,11 +24,13 @@ func Do(ctx context.Context, l *Locker, key string, fn func(ctx context.Context)
 	if err != nil {
 		return err
 	}
-	fctx, cancel := context.WithCancelCause(context.WithValue(ctx, leaseKey{}, s))
-	stop := context.AfterFunc(s.Context(), func() { cancel(context.Cause(s.Context())) })
+	// fn's context is derived from the lease's, so that a loss cancels it
+	// in the same instant (and its Err consults the lease's clock); ctx's
+	// own end is passed on to it.
+	fctx, stop := s.ctx.Child(ctx)
+	fctx = context.WithValue(fctx, leaseKey{}, s)
 	defer func() {
 		stop()
-		cancel(context.Canceled)
 		lostEarly := errors.Is(s.Err(), ErrLeaseLost)
 		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), l.ttl)
 		rerr := s.Release(rctx)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/warden-go/warden"
@@ -22,7 +23,11 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer st.Close()
-	locker := lock.New(st, &lock.Options{TTL: 10 * time.Second})
+	locker, err := lock.New(st, &lock.Options{TTL: 10 * time.Second})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer locker.Close()
 
 	lease, err := locker.Acquire(ctx, "reports/nightly")
@@ -47,12 +52,17 @@ func ExampleNew() {
 		log.Fatal(err)
 	}
 	defer st.Close()
-	locker := lock.New(st, &lock.Options{
+	locker, err := lock.New(st, &lock.Options{
 		Owner: "invoicer-1",
 		TTL:   15 * time.Second, // refreshed every 5 s by default
 	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer locker.Close()
-	fmt.Println(locker.Owner(), locker.TTL())
+	// The label plus a suffix unique to this Locker.
+	fmt.Println(label(locker.Owner()), locker.TTL())
 	// Output:
 	// invoicer-1 15s
 }
@@ -64,9 +74,17 @@ func ExampleLocker_TryAcquire() {
 		log.Fatal(err)
 	}
 	defer st.Close()
-	a := lock.New(st, &lock.Options{Owner: "worker-a"})
+	a, err := lock.New(st, &lock.Options{Owner: "worker-a"})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer a.Close()
-	b := lock.New(st, &lock.Options{Owner: "worker-b"})
+	b, err := lock.New(st, &lock.Options{Owner: "worker-b"})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer b.Close()
 
 	lease, err := a.TryAcquire(ctx, "reports/nightly")
@@ -78,7 +96,7 @@ func ExampleLocker_TryAcquire() {
 	_, err = b.TryAcquire(ctx, "reports/nightly")
 	var held *lock.HeldError
 	if errors.As(err, &held) {
-		fmt.Println(errors.Is(err, lock.ErrLocked), "held by", held.Owner)
+		fmt.Println(errors.Is(err, lock.ErrLocked), "held by", label(held.Owner))
 	}
 	// Output:
 	// true held by worker-a
@@ -91,7 +109,11 @@ func ExampleDo() {
 		log.Fatal(err)
 	}
 	defer st.Close()
-	locker := lock.New(st, nil)
+	locker, err := lock.New(st, nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer locker.Close()
 
 	err = lock.Do(ctx, locker, "migrations", func(ctx context.Context) error {
@@ -115,7 +137,11 @@ func ExampleLocker_Watch() {
 		log.Fatal(err)
 	}
 	defer st.Close()
-	locker := lock.New(st, &lock.Options{Owner: "worker-a"})
+	locker, err := lock.New(st, &lock.Options{Owner: "worker-a"})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer locker.Close()
 
 	events, err := locker.Watch(ctx, "jobs/*")
@@ -131,7 +157,7 @@ func ExampleLocker_Watch() {
 	}
 	for range 2 {
 		ev := <-events
-		fmt.Println(ev.Kind, ev.Key, "by", ev.Owner)
+		fmt.Println(ev.Kind, ev.Key, "by", label(ev.Owner))
 	}
 	// Output:
 	// acquired jobs/42 by worker-a
@@ -149,7 +175,11 @@ func ExampleLease_Context() {
 		log.Fatal(err)
 	}
 	defer st.Close()
-	locker := lock.New(st, &lock.Options{RefreshInterval: 10 * time.Millisecond})
+	locker, err := lock.New(st, &lock.Options{RefreshInterval: 10 * time.Millisecond})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer locker.Close()
 
 	lease, err := locker.Acquire(ctx, "reports/nightly")
@@ -166,3 +196,6 @@ func ExampleLease_Context() {
 	// lock: lease lost
 	// lock: not held: lock: lease lost
 }
+
+// label is an owner's label: its identity without the Locker's suffix.
+func label(owner string) string { return owner[:strings.LastIndex(owner, "#")] }

@@ -44,7 +44,10 @@ func openEnv(t *testing.T, db string, wrap func(driver.Store) driver.Store) *env
 // locker makes a Locker closed at the end of the test.
 func (e *env) locker(t *testing.T, opts *Options) *Locker {
 	t.Helper()
-	l := New(e.st, opts)
+	l, err := New(e.st, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = l.Close() })
 	return l
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/warden-go/warden/driver"
+	"github.com/warden-go/warden/internal/deadline"
 )
 
 type leaseState int
@@ -28,23 +29,23 @@ const (
 // short back-off; one whose outcome is unknown is settled by reading the
 // record back. When the lease can no longer be proven held — a refresh is
 // refused, or none succeeded before the local deadline — its context is
-// cancelled with ErrLeaseLost at once, and the loss is logged at Warn on
-// the store's logger.
+// cancelled with ErrLeaseLost first, before anything else happens; then
+// the next waiter may take the key and the loss is logged at Warn on the
+// store's logger. At the deadline the context's Err reports the loss by
+// the clock, even before the timer that closes Done has fired.
 type Lease struct {
-	l      *Locker
-	key    string
-	token  int64
-	ctx    context.Context
-	cancel context.CancelCauseFunc
+	l     *Locker
+	key   string
+	token int64
+	// ctx is the lease's context. Its deadline is the local time until
+	// which the lease is proven held: the send time of the last acquire
+	// or refresh known to have applied, plus TTL, minus ClockSkew.
+	ctx *deadline.Context
 
 	mu    sync.Mutex
 	state leaseState
 	// expiresAt is the latest expiry the store reported (store clock).
 	expiresAt time.Time
-	// deadline is the local time until which the lease is proven held:
-	// the send time of the last acquire or refresh known to have applied,
-	// plus TTL, minus ClockSkew.
-	deadline time.Time
 	// nextRefresh is when the background refresh is due.
 	nextRefresh time.Time
 	// pendingSince is the send time of the first refresh whose outcome is
@@ -69,15 +70,12 @@ type Lease struct {
 // newLease starts a lease on a holding acquired by a request sent at sent;
 // l.mu must be held.
 func (l *Locker) newLease(parent context.Context, key string, rec driver.LockRecord, sent time.Time) *Lease {
-	ctx, cancel := context.WithCancelCause(context.WithoutCancel(parent))
 	s := &Lease{
 		l:           l,
 		key:         key,
 		token:       rec.Token,
-		ctx:         ctx,
-		cancel:      cancel,
+		ctx:         deadline.New(parent, sent.Add(l.ttl-l.skew), ErrLeaseLost),
 		expiresAt:   rec.ExpiresAt,
-		deadline:    sent.Add(l.ttl - l.skew),
 		nextRefresh: sent.Add(l.refreshDelay()),
 		idx:         -1,
 	}
@@ -104,26 +102,25 @@ func (s *Lease) ExpiresAt() time.Time {
 	return s.expiresAt
 }
 
-// Deadline returns the local time at which the lease's context will be
-// cancelled with ErrLeaseLost unless a refresh succeeds first: the local
-// send time of the last successful acquire or refresh, plus TTL, minus
-// ClockSkew.
-func (s *Lease) Deadline() time.Time {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.deadline
-}
+// Deadline returns the local time at which the lease's context is done
+// with ErrLeaseLost unless a refresh succeeds first: the local send time
+// of the last successful acquire or refresh, plus TTL, minus ClockSkew.
+// Acquire and TryAcquire never return a lease whose deadline has passed.
+func (s *Lease) Deadline() time.Time { return s.ctx.When() }
 
 // Context returns a context that is cancelled the moment the lease is lost
-// or released; context.Cause then returns ErrLeaseLost or ErrReleased. It
-// carries the values of the context given to Acquire.
+// or released; context.Cause then returns ErrLeaseLost or ErrReleased. Its
+// Err consults the clock: from the lease's deadline on it reports the
+// loss even if the timer that closes Done has not fired yet. It carries
+// the values of the context given to Acquire, and no deadline of its own
+// (Deadline gives the moving one).
 func (s *Lease) Context() context.Context { return s.ctx }
 
 // Done returns a channel closed when the lease ends: Context().Done().
 func (s *Lease) Done() <-chan struct{} { return s.ctx.Done() }
 
 // Err returns nil while the lease is held, then why it ended: ErrLeaseLost
-// or ErrReleased.
+// or ErrReleased. Like Context().Err(), it consults the clock.
 func (s *Lease) Err() error {
 	if s.ctx.Err() == nil {
 		return nil
@@ -143,7 +140,7 @@ func (s *Lease) endErr() error {
 // the deadline, whichever comes first (only the deadline while a refresh
 // is queued or in flight); s.mu must be held.
 func (s *Lease) arm() {
-	at := s.deadline
+	at := s.ctx.When()
 	if s.l.autoRefresh && !s.refreshing && !s.queued && s.nextRefresh.Before(at) {
 		at = s.nextRefresh
 	}
@@ -158,7 +155,7 @@ func (s *Lease) wakeUp() {
 		return
 	}
 	now := time.Now()
-	if !now.Before(s.deadline) {
+	if s.ctx.Expire(now) {
 		s.lose("no refresh succeeded before the lease's local deadline", true)
 		return
 	}
@@ -204,7 +201,7 @@ func (s *Lease) refresh(ctx context.Context, auto bool) error {
 		return err
 	}
 	sent := time.Now()
-	if !sent.Before(s.deadline) {
+	if s.ctx.Expire(sent) {
 		s.lose("no refresh succeeded before the lease's local deadline", true)
 		return ErrLeaseLost
 	}
@@ -213,7 +210,7 @@ func (s *Lease) refresh(ctx context.Context, auto bool) error {
 	if s.pendingSince.IsZero() {
 		s.pendingSince = sent
 	}
-	base, prevExp, deadline := s.pendingSince, s.expiresAt, s.deadline
+	base, prevExp, deadline := s.pendingSince, s.expiresAt, s.ctx.When()
 	s.arm() // only the deadline while the refresh is in flight
 	s.mu.Unlock()
 
@@ -245,23 +242,23 @@ func (s *Lease) refresh(ctx context.Context, auto bool) error {
 	ours := found && back.Owner == l.owner && back.Token == s.token
 	switch {
 	case err == nil && ok:
-		s.prove(sent, rec.ExpiresAt)
-		s.mu.Unlock()
-		return nil
+		return s.prove(sent, rec.ExpiresAt)
 	case err == nil:
 		s.lose("a refresh was refused: "+describe(rec), false)
 		return ErrLeaseLost
 	case readBack && ours && back.ExpiresAt.After(prevExp):
 		// The expiry moved since the last proof, so a refresh sent at or
 		// after base applied.
-		s.prove(base, back.ExpiresAt)
-		s.mu.Unlock()
-		return nil
+		return s.prove(base, back.ExpiresAt)
 	case readBack && !ours:
 		s.lose("a refresh failed ("+err.Error()+") and reading back showed "+describe(back), false)
 		return ErrLeaseLost
 	}
 	// Unknown, or still ours but not renewed: held until the deadline.
+	if s.ctx.Expire(now) {
+		s.lose("no refresh succeeded before the lease's local deadline ("+err.Error()+")", true)
+		return ErrLeaseLost
+	}
 	if auto {
 		s.nextRefresh = now.Add(l.backoff(s.failures))
 		s.failures++
@@ -280,11 +277,14 @@ func describe(rec driver.LockRecord) string {
 }
 
 // prove records that the holding was renewed by a request sent at base,
-// with expiry exp on the store's clock; s.mu must be held.
-func (s *Lease) prove(base, exp time.Time) {
+// with expiry exp on the store's clock. s.mu must be held; prove unlocks
+// it. An answer that comes after the deadline is too late: the context is
+// done by then, and the lease is lost (ErrLeaseLost).
+func (s *Lease) prove(base, exp time.Time) error {
 	l := s.l
-	if d := base.Add(l.ttl - l.skew); d.After(s.deadline) {
-		s.deadline = d
+	if !s.ctx.Extend(base.Add(l.ttl - l.skew)) {
+		s.lose("a refresh was answered only after the lease's local deadline", true)
+		return ErrLeaseLost
 	}
 	if exp.After(s.expiresAt) {
 		s.expiresAt = exp
@@ -293,21 +293,25 @@ func (s *Lease) prove(base, exp time.Time) {
 	s.failures = 0
 	s.nextRefresh = base.Add(l.refreshDelay())
 	s.arm()
+	s.mu.Unlock()
+	return nil
 }
 
 // lose ends a held lease with ErrLeaseLost. s.mu must be held; lose
 // unlocks it. unconfirmed: the store may still have the holding.
+//
+// The order is the deadline rule's: the holder is told first (its context
+// is cancelled), then the next local waiter may take the key, then the
+// loss is logged — a slow log handler never delays the first two.
 func (s *Lease) lose(reason string, unconfirmed bool) {
+	s.ctx.Cancel(ErrLeaseLost)
 	s.state = stateLost
 	s.unconfirmed = unconfirmed
 	s.l.unschedule(s)
 	s.mu.Unlock()
 	l := s.l
-	// Detach and log first: once the context is cancelled, this Locker
-	// can take the key again and the loss is on record.
 	l.detach(s, unconfirmed)
 	l.log.Warn("warden: lock lease lost", "store", l.st.Name(), "key", s.key, "owner", l.owner, "token", s.token, "reason", reason)
-	s.cancel(ErrLeaseLost)
 }
 
 // Release ends the lease: its context is cancelled with ErrReleased at
@@ -340,6 +344,11 @@ func (s *Lease) Release(ctx context.Context) error {
 	case s.state == stateReleased && !s.unconfirmed:
 		s.mu.Unlock()
 		return nil
+	case s.state == stateHeld && s.ctx.Expire(time.Now()):
+		// Past the deadline (or lost, not yet noticed): the lease was not
+		// provably held any more, so this is no release.
+		s.lose("no refresh succeeded before the lease's local deadline", true)
+		return s.Release(ctx)
 	case s.state == stateHeld:
 		first = true
 		s.state = stateReleased
@@ -349,7 +358,7 @@ func (s *Lease) Release(ctx context.Context) error {
 	s.releasing = true
 	s.mu.Unlock()
 	if first {
-		s.cancel(ErrReleased)
+		s.ctx.Cancel(ErrReleased)
 	}
 	ok, err := l.locks.Release(ctx, s.key, l.owner, s.token)
 	s.mu.Lock()

@@ -1,6 +1,7 @@
 package lock
 
 import (
+	"container/heap"
 	"context"
 	crand "crypto/rand"
 	"encoding/hex"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
+	"github.com/warden-go/warden/internal/deadline"
 )
 
 // Sentinel errors, matched with errors.Is.
@@ -38,6 +40,11 @@ var (
 	// ErrClosed: the Locker was closed. Pending and later Acquire,
 	// TryAcquire and Watch calls return it.
 	ErrClosed = errors.New("lock: locker closed")
+	// ErrStoreTooSlow: the store granted the lock, but its answers kept
+	// arriving after the lease's deadline (the round trip took longer than
+	// TTL − ClockSkew), so no lease could be handed out; the holding was
+	// given back. TryAcquire returns it; a waiting Acquire keeps trying.
+	ErrStoreTooSlow = errors.New("lock: store answers arrive after the lease's deadline")
 )
 
 // HeldError is the error TryAcquire returns when the key is held. It
@@ -72,24 +79,36 @@ const (
 	// DefaultPollInterval is how often Watch lists the locks of a store
 	// without notifications when Options.PollInterval is zero.
 	DefaultPollInterval = time.Second
-	// maxDefaultSkew caps the default clock-skew margin.
-	maxDefaultSkew = time.Second
+	// MinClockSkew is the smallest safety margin a lease gets, whatever
+	// Options.ClockSkew says: the coarsest store clock's granularity (one
+	// millisecond) plus slack for the timer that closes a lease's Done
+	// channel.
+	MinClockSkew = deadline.MinMargin
+	// MinTTL is the shortest TTL a Locker accepts: twice MinClockSkew, so
+	// that the margin never takes more than half the lease.
+	MinTTL = deadline.MinTTL
 	// closeTimeout bounds the releases Close makes.
 	closeTimeout = 5 * time.Second
-	// refreshWorkers bounds the background refreshes in flight at once.
-	refreshWorkers = 16
+	// minRefreshWorkers and maxRefreshWorkers bound the background
+	// refreshes in flight at once (see Locker.schedule).
+	minRefreshWorkers = 16
+	maxRefreshWorkers = 1024
+	// maxLateAnswers bounds how often one TryAcquire asks again when the
+	// store's answers keep coming after the lease's deadline.
+	maxLateAnswers = 3
 )
 
 // Options configure a Locker. The zero value (or nil) gives the documented
-// defaults. Negative durations are treated as zero.
+// defaults; New refuses negative durations and a TTL under MinTTL.
 type Options struct {
 	// TTL is how long a holding lasts in the store unless refreshed.
-	// 0: 30 seconds (DefaultTTL). It must be at least one millisecond.
+	// 0: 30 seconds (DefaultTTL). At least MinTTL (10 ms).
 	TTL time.Duration
-	// Owner identifies this Locker's holdings in the store; operators see
-	// it in `warden lock ls`. "": hostname:pid:random, unique per Locker.
-	// Two Lockers given the same Owner on one store count as one holder
-	// and do not exclude each other: give every Locker its own.
+	// Owner is a label for this Locker's holdings that operators read in
+	// `warden lock ls`; "": hostname:pid. Every Locker adds a random
+	// suffix of its own ("billing-cron#3f9a1c2b5d7e"), so two Lockers never
+	// share a holding even when they are given the same label; Locker.Owner
+	// returns the full identity.
 	Owner string
 	// RefreshInterval is how often a held lease renews itself in the
 	// background (less up to a tenth at random, to spread refreshes).
@@ -106,8 +125,9 @@ type Options struct {
 	// deadline (the local time the last successful acquire or refresh was
 	// sent, plus TTL): the lease's context is cancelled that much before
 	// the store could let another holder in, to allow for clocks running
-	// at different rates. 0: TTL/20, at most one second. Values above
-	// TTL/2 are reduced to TTL/2.
+	// at different rates, the store clock's granularity and timer slack.
+	// 0: TTL/20, at most one second. Never below MinClockSkew (5 ms);
+	// values above TTL/2 are reduced to TTL/2.
 	ClockSkew time.Duration
 	// DisableAutoRefresh turns background refreshing off: leases then last
 	// one TTL unless Lease.Refresh is called. Their contexts are still
@@ -150,7 +170,7 @@ type Locker struct {
 	staleScan int // size of stale after its last full prune
 	sub       subState
 	subRetry  time.Time      // earliest restart of a failed subscription
-	due       []*Lease       // leases waiting for a refresh worker, FIFO
+	due       dueQueue       // leases waiting for a refresh worker, nearest deadline first
 	workers   int            // refresh workers running
 	wg        sync.WaitGroup // background goroutines
 
@@ -192,38 +212,51 @@ const (
 )
 
 // New returns a Locker on st (nil opts: defaults). It starts no goroutine;
-// the store's notifications are subscribed to on first need.
-func New(st *warden.Store, opts *Options) *Locker {
+// the store's notifications are subscribed to on first need. It returns
+// an error matching warden.ErrInvalidArgument for a nil store, a negative
+// duration or a TTL under MinTTL, and warden.ErrInvalidKey for an Owner
+// that cannot be stored.
+func New(st *warden.Store, opts *Options) (*Locker, error) {
 	if opts == nil {
 		opts = &Options{}
 	}
-	nonNeg := func(d time.Duration) time.Duration { return max(d, 0) }
+	if st == nil {
+		return nil, fmt.Errorf("lock: %w: nil store", warden.ErrInvalidArgument)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"TTL", opts.TTL}, {"RefreshInterval", opts.RefreshInterval}, {"ClockSkew", opts.ClockSkew},
+		{"RetryMin", opts.RetryMin}, {"RetryMax", opts.RetryMax}, {"PollInterval", opts.PollInterval}} {
+		if d.v < 0 {
+			return nil, fmt.Errorf("lock: %w: %s %v is negative", warden.ErrInvalidArgument, d.name, d.v)
+		}
+	}
+	if opts.TTL != 0 && opts.TTL < MinTTL {
+		return nil, fmt.Errorf("lock: %w: TTL %v is under %v, too short to leave a safety margin", warden.ErrInvalidArgument, opts.TTL, MinTTL)
+	}
 	l := &Locker{
 		st:          st,
 		locks:       st.Locks(),
 		log:         st.Logger(),
-		owner:       opts.Owner,
-		ttl:         nonNeg(opts.TTL),
-		refresh:     nonNeg(opts.RefreshInterval),
-		skew:        nonNeg(opts.ClockSkew),
-		retryMin:    nonNeg(opts.RetryMin),
-		retryMax:    nonNeg(opts.RetryMax),
-		poll:        nonNeg(opts.PollInterval),
+		owner:       ownerID(opts.Owner),
+		ttl:         opts.TTL,
+		refresh:     opts.RefreshInterval,
+		retryMin:    opts.RetryMin,
+		retryMax:    opts.RetryMax,
+		poll:        opts.PollInterval,
 		autoRefresh: !opts.DisableAutoRefresh,
 		keys:        map[string]*keyState{},
 		stale:       map[string]staleHolding{},
 	}
-	l.canWatch = l.locks.CanWatch()
-	if l.owner == "" {
-		l.owner = defaultOwner()
+	if err := warden.ValidateKey(l.owner); err != nil {
+		return nil, fmt.Errorf("lock: owner: %w", err)
 	}
+	l.canWatch = l.locks.CanWatch()
 	if l.ttl == 0 {
 		l.ttl = DefaultTTL
 	}
-	if l.skew == 0 {
-		l.skew = min(l.ttl/20, maxDefaultSkew)
-	}
-	l.skew = min(l.skew, l.ttl/2)
+	l.skew = deadline.Margin(l.ttl, opts.ClockSkew)
 	if l.refresh == 0 || l.refresh >= l.ttl-l.skew {
 		l.refresh = l.ttl / 3
 	}
@@ -239,21 +272,25 @@ func New(st *warden.Store, opts *Options) *Locker {
 		l.poll = DefaultPollInterval
 	}
 	l.ctx, l.cancel = context.WithCancel(context.Background())
-	return l
+	return l, nil
 }
 
-// defaultOwner is hostname:pid:random.
-func defaultOwner() string {
-	host, err := os.Hostname()
-	if err != nil || host == "" {
-		host = "unknown-host"
-	}
-	if len(host) > 255 {
-		host = host[:255]
+// ownerID is label (default hostname:pid) plus a random suffix, unique
+// per Locker.
+func ownerID(label string) string {
+	if label == "" {
+		host, err := os.Hostname()
+		if err != nil || host == "" {
+			host = "unknown-host"
+		}
+		if len(host) > 255 {
+			host = host[:255]
+		}
+		label = host + ":" + strconv.Itoa(os.Getpid())
 	}
 	var b [6]byte
 	_, _ = crand.Read(b[:]) // never fails (crypto/rand panics rather)
-	return host + ":" + strconv.Itoa(os.Getpid()) + ":" + hex.EncodeToString(b[:])
+	return label + "#" + hex.EncodeToString(b[:])
 }
 
 // Owner returns the identity this Locker's holdings carry in the store.
@@ -487,8 +524,13 @@ func (l *Locker) Acquire(ctx context.Context, key string) (*Lease, error) {
 		attempts++
 		if err == nil && !rec.ExpiresAt.IsZero() {
 			// Never sleep past the holder's expiry (plus a millisecond for
-			// the store's rounding).
-			delay = max(min(delay, time.Until(rec.ExpiresAt)+time.Millisecond), 0)
+			// the store's rounding). An expiry already in our past — the
+			// store's clock lags ours, or the holder is being renewed —
+			// leaves the back-off as it is: it must not turn the wait
+			// into a busy loop.
+			if until := time.Until(rec.ExpiresAt); until > 0 {
+				delay = min(delay, until+time.Millisecond)
+			}
 		}
 		if timer == nil {
 			timer = time.NewTimer(delay)
@@ -597,12 +639,28 @@ func (l *Locker) TryAcquire(ctx context.Context, key string) (*Lease, error) {
 // successful request was sent. If the store hands back a holding this
 // Locker lost track of (see staleHolding), it is released and taken anew,
 // so that the new lease has a token of its own.
+//
+// An answer that arrives after the lease's deadline (sent + TTL −
+// ClockSkew) is no use: the holding may have lapsed in the store already.
+// attempt then asks again — while the holding is still ours the store
+// renews it and keeps its token — so that no lease is handed out past its
+// deadline. After maxLateAnswers late answers in a row it gives up with
+// an error that says so, giving the holding back.
 func (l *Locker) attempt(ctx context.Context, key string) (rec driver.LockRecord, acquired bool, sent time.Time, err error) {
+	late := 0
 	for {
 		sent = time.Now()
 		rec, acquired, err = l.locks.Acquire(ctx, key, l.owner, l.ttl)
 		if err != nil {
 			return rec, false, sent, err
+		}
+		if acquired && !time.Now().Before(sent.Add(l.ttl-l.skew)) {
+			if late++; late < maxLateAnswers && ctx.Err() == nil {
+				continue
+			}
+			l.releaseOrphan(ctx, key, rec.Token)
+			return rec, false, sent, fmt.Errorf("lock: %q: %w: the store answered %d acquires in a row only after the lease's deadline (TTL %v less ClockSkew %v); the round trip is too slow for this TTL",
+				key, ErrStoreTooSlow, late, l.ttl, l.skew)
 		}
 		l.mu.Lock()
 		sh, ok := l.stale[key]
@@ -653,8 +711,8 @@ func (l *Locker) refreshDelay() time.Duration {
 	return l.refresh - rand.N(l.refresh/10+1)
 }
 
-// schedule queues a lease whose background refresh is due, starting a
-// worker if fewer than refreshWorkers run. Workers exit when the queue is
+// schedule queues a lease whose background refresh is due; the queue
+// serves the nearest deadline first. Workers exit when the queue is
 // empty, so an idle Locker has none.
 func (l *Locker) schedule(s *Lease) {
 	l.mu.Lock()
@@ -662,8 +720,28 @@ func (l *Locker) schedule(s *Lease) {
 	if l.closed {
 		return // Close releases the lease
 	}
-	l.due = append(l.due, s)
-	if l.workers < refreshWorkers {
+	heap.Push(&l.due, dueLease{s: s, at: s.ctx.When(), queued: time.Now()})
+	l.addWorkers()
+}
+
+// addWorkers sizes the refresh work to the load; l.mu must be held. A
+// fast store keeps minRefreshWorkers. When the most urgent queued
+// refresh has waited longer than an eighth of the time a lease has
+// between its refresh and its deadline, the refreshes come faster than
+// the workers make them (slow round trips): every call then adds a
+// worker — each refresh that ends adds one, so the count doubles about
+// once per round trip — up to maxRefreshWorkers, never more than there
+// are refreshes to make. Workers exit when the queue is empty, so the
+// count falls back by itself. (Growing on a measured round trip instead
+// would also grow on CPU starvation, where more workers only add
+// contention; a waiting queue is the one sign that more help.)
+func (l *Locker) addWorkers() {
+	want := minRefreshWorkers
+	if len(l.due) > 0 && time.Since(l.due[0].queued) > (l.ttl-l.skew-l.refresh)/8 {
+		want = l.workers + 1
+	}
+	want = min(want, maxRefreshWorkers, l.workers+len(l.due))
+	for l.workers < want {
 		l.workers++
 		l.wg.Add(1)
 		go l.refreshWorker()
@@ -680,13 +758,36 @@ func (l *Locker) refreshWorker() {
 			l.mu.Unlock()
 			return
 		}
-		s := l.due[0]
-		l.due[0] = nil
-		l.due = l.due[1:]
-		if len(l.due) == 0 {
-			l.due = nil
-		}
+		s := heap.Pop(&l.due).(dueLease).s
 		l.mu.Unlock()
 		_ = s.refresh(s.ctx, true)
+		l.mu.Lock()
+		if !l.closed {
+			l.addWorkers()
+		}
+		l.mu.Unlock()
 	}
+}
+
+// dueLease is a lease waiting for a refresh worker, with its deadline when
+// it was queued (it does not move while queued).
+type dueLease struct {
+	s      *Lease
+	at     time.Time // the lease's deadline
+	queued time.Time
+}
+
+// dueQueue is a min-heap of leases by deadline; guarded by Locker.mu.
+type dueQueue []dueLease
+
+func (q dueQueue) Len() int           { return len(q) }
+func (q dueQueue) Less(i, j int) bool { return q[i].at.Before(q[j].at) }
+func (q dueQueue) Swap(i, j int)      { q[i], q[j] = q[j], q[i] }
+func (q *dueQueue) Push(x any)        { *q = append(*q, x.(dueLease)) }
+func (q *dueQueue) Pop() any {
+	old := *q
+	x := old[len(old)-1]
+	old[len(old)-1] = dueLease{}
+	*q = old[:len(old)-1]
+	return x
 }

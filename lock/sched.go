@@ -91,6 +91,12 @@ func (l *Locker) fire() {
 	}
 	l.resetTimer()
 	l.schedMu.Unlock()
+	// Tell every holder whose deadline has come before anything else:
+	// waking waiters and logging the losses (wakeUp) can take a while
+	// when many leases end together.
+	for _, s := range due {
+		s.ctx.Expire(now)
+	}
 	for _, s := range due {
 		s.wakeUp()
 	}

@@ -245,7 +245,10 @@ func lockWatch(ctx context.Context, c *cli, pattern string, n int) error {
 		return err
 	}
 	defer st.Close()
-	locker := lock.New(st, nil)
+	locker, err := lock.New(st, nil)
+	if err != nil {
+		return err
+	}
 	defer locker.Close()
 
 	wctx, stop := c.interruptible(ctx)

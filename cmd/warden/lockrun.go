@@ -36,8 +36,8 @@ var errWaitOver = errors.New("wait over")
 func lockRun(ctx context.Context, c *cli, key string, argv []string, o runOptions) error {
 	cmd := findCommand("lock run")
 	switch {
-	case o.ttl < time.Millisecond:
-		return usagef(cmd, "--ttl %v: want at least 1ms", o.ttl)
+	case o.ttl < lock.MinTTL:
+		return usagef(cmd, "--ttl %v: want at least %v", o.ttl, lock.MinTTL)
 	case o.wait < 0:
 		return usagef(cmd, "--wait %v: want a positive duration (or 0: until interrupted)", o.wait)
 	case o.noWait && o.wait > 0:
@@ -55,7 +55,11 @@ func lockRun(ctx context.Context, c *cli, key string, argv []string, o runOption
 		return err
 	}
 	defer st.Close()
-	locker := lock.New(st, &lock.Options{TTL: o.ttl})
+	locker, err := lock.New(st, &lock.Options{TTL: o.ttl})
+	if err != nil {
+		ocancel()
+		return err
+	}
 	defer locker.Close()
 
 	lease, err := locker.TryAcquire(octx, key)

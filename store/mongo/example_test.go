@@ -26,7 +26,11 @@ func Example() {
 	}
 	defer st.Close()
 
-	locker := lock.New(st, &lock.Options{TTL: 10 * time.Second})
+	locker, err := lock.New(st, &lock.Options{TTL: 10 * time.Second})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer locker.Close()
 	lease, err := locker.Acquire(ctx, "nightly-report")
 	if err != nil {

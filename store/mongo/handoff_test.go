@@ -51,7 +51,11 @@ func runHandoffChild(js string) int {
 		return 1
 	}
 	defer st.Close()
-	locker := lock.New(st, &lock.Options{TTL: time.Minute, Owner: "waiter", RetryMin: 10 * time.Second, RetryMax: 30 * time.Second})
+	locker, err := lock.New(st, &lock.Options{TTL: time.Minute, Owner: "waiter", RetryMin: 10 * time.Second, RetryMax: 30 * time.Second})
+	if err != nil {
+		fmt.Println("error:", err)
+		return 1
+	}
 	defer locker.Close()
 	if _, err := locker.TryAcquire(ctx, spec.Key); !errors.Is(err, lock.ErrLocked) {
 		fmt.Println("error: the key is not held:", err)
