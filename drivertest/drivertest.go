@@ -43,6 +43,7 @@ func Run(t *testing.T, h Harness) {
 		h.Name = "store"
 	}
 	s := &suite{h: h}
+	t.Run("Leaks", s.leaks) // first and alone: it counts the process's goroutines and files
 	t.Run("Locks", s.locks)
 	t.Run("Circuits", s.circuits)
 	t.Run("Cache", s.cache)

@@ -28,6 +28,17 @@
 // Do reports ErrLeaseLost: another caller may be running fn by then, and
 // this result is not stored.
 //
+// Claims follow the deadline rule of lock leases (docs/design.md): a
+// claim is proven held until the local send time of its last successful
+// claim or renewal, plus Lease, minus a margin (Lease/20, at most one
+// second, at least 5 ms), and fn's context is done at that instant — its
+// Err consults the clock — strictly before a duplicate can take over.
+//
+// A success whose result cannot be stored (too large for the store, or
+// not encodable) never lets fn run again: the key keeps a stored failure
+// that says so (duplicates get a *StoredError), and Do returns fn's value
+// with an error matching ErrNotStored.
+//
 // # Results
 //
 // Results are encoded with Options.Codec (JSON by default) inside a small
@@ -52,6 +63,7 @@ import (
 
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
+	"github.com/warden-go/warden/internal/deadline"
 )
 
 // Defaults of Options' zero values.
@@ -78,6 +90,12 @@ var (
 	// operator deleted it. fn's context is cancelled with this cause and
 	// its result is not stored.
 	ErrLeaseLost = errors.New("idempotency: claim lost")
+	// ErrNotStored: fn ran and succeeded, but its result could not be
+	// stored. Do returns fn's value with it. When the result could never
+	// be stored (too large, not encodable) the key keeps a stored failure
+	// saying so, so that no retry runs fn again; when the store failed,
+	// the claim is left to lapse with its lease.
+	ErrNotStored = errors.New("idempotency: result not stored")
 )
 
 // InProgressError reports a key another caller is running.
@@ -145,7 +163,8 @@ func (jsonCodec) Unmarshal(data []byte, v any) error { return json.Unmarshal(dat
 type Options struct {
 	// Lease is the claim's lease: a claimant that dies holds the key at
 	// most this long. It is renewed every Lease/3 while fn runs. 0:
-	// DefaultLease (30 s). At least one millisecond.
+	// DefaultLease (30 s). At least 10 ms (lock.MinTTL), so that the
+	// deadline margin never takes more than half of it.
 	Lease time.Duration
 	// Retain is how long a result is kept. 0: DefaultRetain (24 h).
 	Retain time.Duration
@@ -175,6 +194,7 @@ type Options struct {
 // settings are resolved Options.
 type settings struct {
 	lease, retain    time.Duration
+	margin           time.Duration // the claim deadline's safety margin
 	pollMin, pollMax time.Duration
 	noWait           bool
 	cacheErrors      bool
@@ -212,6 +232,9 @@ func resolve(opts *Options) (settings, error) {
 			return bad("%s %v is under one millisecond", d.name, d.v)
 		}
 	}
+	if o.Lease != 0 && o.Lease < deadline.MinTTL {
+		return bad("Lease %v is under %v, too short to leave a safety margin", o.Lease, deadline.MinTTL)
+	}
 	s := settings{
 		lease:       or(o.Lease, DefaultLease),
 		retain:      or(o.Retain, DefaultRetain),
@@ -231,6 +254,7 @@ func resolve(opts *Options) (settings, error) {
 	if s.codec == nil {
 		s.codec = JSON
 	}
+	s.margin = deadline.Margin(s.lease, 0)
 	base := o.Owner
 	if base == "" {
 		base = processID
@@ -355,9 +379,11 @@ func pause(ctx context.Context, backoff time.Duration, rec driver.IdemRecord) er
 func run[T any](ctx context.Context, st *warden.Store, key string, fn func(context.Context) (T, error), s *settings, sent time.Time) (T, error) {
 	idem := st.Idempotency()
 	log := st.Logger()
-	runCtx, cancelRun := context.WithCancelCause(ctx)
-	defer cancelRun(nil)
-	ext := startRenewal(ctx, idem, log, key, s.owner, s.lease, sent, cancelRun)
+	claim := deadline.New(ctx, sent.Add(s.lease-s.margin),
+		fmt.Errorf("%w: key %q: the claim was not renewed before its deadline", ErrLeaseLost, key))
+	runCtx, stopRun := claim.Child(ctx)
+	defer stopRun()
+	ext := startRenewal(ctx, claim, idem, log, key, s)
 
 	// Writes after fn returns do not follow ctx's cancellation: the
 	// outcome must be stored (or the claim given back) even if the caller
@@ -406,16 +432,39 @@ func run[T any](ctx context.Context, st *warden.Store, key string, fn func(conte
 	}
 	data, err := encode(s.codec, v)
 	if err != nil {
-		abandon(fctx, idem, log, key, s.owner)
-		return v, fmt.Errorf("idempotency: key %q: fn succeeded but its result cannot be encoded: %w", key, err)
+		return v, keepBlocked(fctx, idem, log, key, s, fmt.Errorf("its result cannot be encoded: %w", err))
 	}
 	if err := complete(fctx, idem, key, s.owner, data, s.retain); err != nil {
-		if !errors.Is(err, ErrLeaseLost) {
-			abandon(fctx, idem, log, key, s.owner)
+		switch {
+		case errors.Is(err, ErrLeaseLost):
+			return v, fmt.Errorf("%w: key %q: fn succeeded: %w", ErrNotStored, key, err)
+		case errors.Is(err, warden.ErrValueTooLarge) || errors.Is(err, warden.ErrInvalidArgument):
+			return v, keepBlocked(fctx, idem, log, key, s, fmt.Errorf("its result cannot be stored: %w", err))
 		}
-		return v, fmt.Errorf("idempotency: key %q: fn succeeded but its result was not stored: %w", key, err)
+		// The store failed: the claim is left to lapse rather than given
+		// back, so that a retry does not run fn again at once.
+		return v, fmt.Errorf("%w: key %q: fn succeeded but storing its result failed; the claim lapses with its lease (%v), and a call after that runs fn again: %w",
+			ErrNotStored, key, s.lease, err)
 	}
 	return v, nil
+}
+
+// keepBlocked records, for a success whose result can never be stored,
+// a stored failure that says so: duplicates get it as a *StoredError
+// instead of running fn again. If even that cannot be stored, the claim
+// is left to lapse with its lease. It returns the error for the caller.
+func keepBlocked(ctx context.Context, idem *warden.Idempotency, log *slog.Logger, key string, s *settings, why error) error {
+	msg := "fn succeeded, but " + why.Error() + "; it is not run again for this key"
+	data, err := json.Marshal(envelope{Marker: 1, OK: false, Error: msg})
+	if err == nil {
+		err = complete(ctx, idem, key, s.owner, data, s.retain)
+	}
+	if err != nil {
+		log.Warn("idempotency: cannot record that the result was not stored; the claim lapses with its lease", "key", key, "err", err)
+		return fmt.Errorf("%w: key %q: fn succeeded, but %w; the claim lapses with its lease (%v), and a call after that runs fn again (recording the failure failed too: %v)",
+			ErrNotStored, key, why, s.lease, err)
+	}
+	return fmt.Errorf("%w: key %q: fn succeeded, but %w; the key keeps a stored failure for %v so that fn is not run again", ErrNotStored, key, why, s.retain)
 }
 
 // complete stores the outcome, retrying a failed attempt twice. An attempt
@@ -466,52 +515,55 @@ func abandon(ctx context.Context, idem *warden.Idempotency, log *slog.Logger, ke
 // renewal renews a claim in the background while fn runs. Its goroutine
 // is owned by run, which stops it and waits for it before returning.
 type renewal struct {
+	claim  *deadline.Context
 	cancel context.CancelFunc
 	done   chan struct{}
-	lost   error // set before done is closed
 }
 
-func startRenewal(parent context.Context, idem *warden.Idempotency, log *slog.Logger, key, owner string, lease time.Duration, sent time.Time, cancelRun context.CancelCauseFunc) *renewal {
+func startRenewal(parent context.Context, claim *deadline.Context, idem *warden.Idempotency, log *slog.Logger, key string, s *settings) *renewal {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(parent))
-	r := &renewal{cancel: cancel, done: make(chan struct{})}
-	go r.run(ctx, idem, log, key, owner, lease, sent, cancelRun)
+	r := &renewal{claim: claim, cancel: cancel, done: make(chan struct{})}
+	go r.run(ctx, idem, log, key, s)
 	return r
 }
 
-// run renews every lease/3. The claim is proven held until the local time
-// at which the last successful renewal was sent plus the lease. A renewal
-// that fails is retried sooner; if none succeeds before that deadline, or
-// the store says the claim is no longer ours, fn's context is cancelled
-// with ErrLeaseLost. A tick that comes after the deadline (the process was
-// paused) still asks the store: a renewal that succeeds proves that nobody
-// took the key over meanwhile.
-func (r *renewal) run(ctx context.Context, idem *warden.Idempotency, log *slog.Logger, key, owner string, lease time.Duration, sent time.Time, cancelRun context.CancelCauseFunc) {
+// run renews every lease/3. The claim is proven held until its deadline:
+// the local time at which the last successful renewal was sent, plus the
+// lease, minus the margin. A renewal that fails is retried sooner; when
+// the store says the claim is no longer ours, or the deadline comes
+// first, the claim (and so fn's context) is cancelled with ErrLeaseLost.
+// An answer that arrives after the deadline is too late: the claim's
+// context is done by then.
+func (r *renewal) run(ctx context.Context, idem *warden.Idempotency, log *slog.Logger, key string, s *settings) {
 	defer close(r.done)
-	every := max(lease/3, time.Millisecond)
-	deadline := sent.Add(lease)
-	t := time.NewTimer(every)
+	claim := r.claim
+	every := max(s.lease/3, time.Millisecond)
+	t := time.NewTimer(min(every, time.Until(claim.When())))
 	defer t.Stop()
 	var lastErr error // the last failed renewal's error
+	lost := func(format string, args ...any) {
+		claim.Cancel(fmt.Errorf("%w: key %q: "+format, append([]any{ErrLeaseLost, key}, args...)...))
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-claim.Done():
+			return
 		case <-t.C:
 		}
-		// Without an answer by the deadline the claim can no longer be
-		// proven held.
-		wait := time.Until(deadline)
-		if wait <= 0 {
-			if lastErr != nil {
-				r.lost = fmt.Errorf("%w: key %q: the claim could not be renewed before its lease ran out: %w", ErrLeaseLost, key, lastErr)
-				cancelRun(r.lost)
-				return
-			}
-			wait = every
-		}
 		at := time.Now()
+		wait := claim.When().Sub(at)
+		if wait <= 0 || claim.Expire(at) {
+			if lastErr != nil {
+				lost("the claim could not be renewed before its deadline: %w", lastErr)
+			}
+			claim.Expire(at)
+			return
+		}
+		// No answer after the deadline can help: bound the call by it.
 		rctx, rcancel := context.WithTimeout(ctx, wait)
-		ok, err := idem.Extend(rctx, key, owner, lease)
+		ok, err := idem.Extend(rctx, key, s.owner, s.lease)
 		timedOut := rctx.Err() == context.DeadlineExceeded
 		rcancel()
 		if ctx.Err() != nil {
@@ -519,13 +571,14 @@ func (r *renewal) run(ctx context.Context, idem *warden.Idempotency, log *slog.L
 		}
 		switch {
 		case err == nil && ok:
-			deadline = at.Add(lease)
+			if !claim.Extend(at.Add(s.lease - s.margin)) {
+				return // answered after the deadline: lost
+			}
 			lastErr = nil
-			t.Reset(every)
+			t.Reset(min(every, time.Until(claim.When())))
 			continue
 		case err == nil:
-			r.lost = fmt.Errorf("%w: key %q: the claim is no longer ours (taken over after its lease lapsed, or deleted)", ErrLeaseLost, key)
-			cancelRun(r.lost)
+			lost("the claim is no longer ours (taken over after its lease lapsed, or deleted)")
 			return
 		}
 		// A renewal cut short by the deadline says less than the store
@@ -533,10 +586,9 @@ func (r *renewal) run(ctx context.Context, idem *warden.Idempotency, log *slog.L
 		if !timedOut || lastErr == nil {
 			lastErr = err
 		}
-		left := time.Until(deadline)
+		left := time.Until(claim.When())
 		if left <= 0 {
-			r.lost = fmt.Errorf("%w: key %q: the claim could not be renewed before its lease ran out: %w", ErrLeaseLost, key, lastErr)
-			cancelRun(r.lost)
+			lost("the claim could not be renewed before its deadline: %w", lastErr)
 			return
 		}
 		log.Warn("idempotency: cannot renew the claim; retrying", "key", key, "err", err)
@@ -545,11 +597,14 @@ func (r *renewal) run(ctx context.Context, idem *warden.Idempotency, log *slog.L
 }
 
 // stop ends the renewal, waits for its goroutine and reports why the claim
-// was lost, if it was.
+// was lost, if it was (by the clock too).
 func (r *renewal) stop() error {
 	r.cancel()
 	<-r.done
-	return r.lost
+	if r.claim.Err() != nil {
+		return context.Cause(r.claim)
+	}
+	return nil
 }
 
 // envelope is how a stored outcome is written: {"$warden":1,"ok":true,

@@ -525,21 +525,46 @@ func TestCodecsAndBareRecords(t *testing.T) {
 	}
 }
 
-// A result the store cannot hold: fn's value comes back with the error,
-// and the key is given back.
-func TestResultTooLarge(t *testing.T) {
+// A result the store cannot hold (too large, or not encodable): fn's
+// value comes back with an error matching ErrNotStored, and the key keeps
+// a stored failure that says so — a retry never runs fn (a card charge)
+// again.
+func TestResultNotStorableKeepsKeyBlocked(t *testing.T) {
 	t.Parallel()
-	st := openDriver(t, memory.NewDriver(&memory.Options{MaxValueBytes: 64}), nil)
+	st := openDriver(t, memory.NewDriver(&memory.Options{MaxValueBytes: 256}), nil)
 	ctx := context.Background()
-	big := strings.Repeat("x", 100)
-	v, err := idempotency.Do(ctx, st, "k", func(context.Context) (string, error) { return big, nil }, nil)
-	if v != big || !errors.Is(err, warden.ErrValueTooLarge) {
+	big := strings.Repeat("x", 300)
+	var runs atomic.Int32
+	charge := func(v string) func(context.Context) (string, error) {
+		return func(context.Context) (string, error) { runs.Add(1); return v, nil }
+	}
+	v, err := idempotency.Do(ctx, st, "big", charge(big), nil)
+	if v != big || !errors.Is(err, idempotency.ErrNotStored) || !errors.Is(err, warden.ErrValueTooLarge) {
 		t.Fatalf("Do = %d bytes, %v", len(v), err)
 	}
-	if _, found, _ := st.Idempotency().Get(ctx, "k"); found {
-		t.Fatal("the key was not given back")
+	_, err = idempotency.Do(ctx, st, "bad", charge("x"), &idemOpts{Codec: failingCodec{}})
+	if !errors.Is(err, idempotency.ErrNotStored) || !errors.Is(err, errBoom) {
+		t.Fatalf("Do with a failing codec: %v", err)
+	}
+	for _, key := range []string{"big", "bad"} {
+		for range 3 {
+			_, err := idempotency.Do(ctx, st, key, charge("again"), nil)
+			var se *idempotency.StoredError
+			if !errors.As(err, &se) || !strings.Contains(se.Message, "fn succeeded") {
+				t.Fatalf("retry of %q: %v, want a *StoredError saying fn succeeded", key, err)
+			}
+		}
+	}
+	if n := runs.Load(); n != 2 {
+		t.Fatalf("fn ran %d times for two keys", n)
 	}
 }
+
+// failingCodec cannot encode anything.
+type failingCodec struct{}
+
+func (failingCodec) Marshal(any) ([]byte, error) { return nil, errBoom }
+func (failingCodec) Unmarshal([]byte, any) error { return errBoom }
 
 // No goroutine outlives Do, whatever way it ends.
 func TestNoGoroutineLeaks(t *testing.T) {
@@ -570,4 +595,86 @@ func TestNoGoroutineLeaks(t *testing.T) {
 		}
 	}, opts)
 	testkit.Eventually(t, 5*time.Second, "the goroutines end", func() bool { return runtime.NumGoroutine() <= base })
+}
+
+// sendTimes records when each claim of the wrapped store was sent.
+type sendTimes struct {
+	driver.Store
+	mu   sync.Mutex
+	sent map[string]time.Time // key → send time of the last successful claim
+}
+
+func (s *sendTimes) Idempotency() driver.Idempotency { return sendTimesIdem{s.Store.Idempotency(), s} }
+
+type sendTimesIdem struct {
+	driver.Idempotency
+	s *sendTimes
+}
+
+func (i sendTimesIdem) Claim(ctx context.Context, key, owner string, lease time.Duration, fp string) (driver.IdemRecord, driver.ClaimOutcome, error) {
+	sent := time.Now()
+	rec, out, err := i.Idempotency.Claim(ctx, key, owner, lease, fp)
+	if err == nil && (out == driver.Claimed || out == driver.TakenOver) {
+		i.s.mu.Lock()
+		i.s.sent[key] = sent
+		i.s.mu.Unlock()
+	}
+	return rec, out, err
+}
+
+// Item 3 of issue 12: a claimant cut off from the store (its renewals
+// fail) has fn's context done by its deadline — claim send time + lease −
+// the margin of at least 5 ms, by the clock — and so strictly before a
+// duplicate can take the key over and run fn.
+func TestClaimDeadlineBeforeTakeover(t *testing.T) {
+	t.Parallel()
+	const lease = 60 * time.Millisecond
+	db := testkit.DBName(t)
+	f := &flaky{Store: testkit.MemoryDriver(db)}
+	times := &sendTimes{Store: f, sent: map[string]time.Time{}}
+	a := openDriver(t, times, nil)
+	b := openStore(t, db, nil)
+	ctx := context.Background()
+	for trial := range 30 {
+		key := fmt.Sprint("charge-", trial)
+		f.down.Store(true) // a's renewals fail from the start
+		entered := make(chan context.Context, 1)
+		release := make(chan struct{})
+		done := make(chan error, 1)
+		go func() {
+			_, err := idempotency.Do(ctx, a, key, func(ctx context.Context) (int, error) {
+				entered <- ctx
+				<-release
+				return 1, nil
+			}, &idemOpts{Lease: lease})
+			done <- err
+		}()
+		actx := <-entered
+		times.mu.Lock()
+		sent := times.sent[key]
+		times.mu.Unlock()
+		bound := sent.Add(lease - 5*time.Millisecond)
+		// The duplicate takes over once the store lets it, and checks, the
+		// moment its fn runs, that a's fn has been told.
+		var live bool
+		_, err := idempotency.Do(ctx, b, key, func(context.Context) (int, error) {
+			live = actx.Err() == nil
+			return 2, nil
+		}, fast(idemOpts{Lease: lease, PollMin: time.Millisecond, PollMax: time.Millisecond}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		now := time.Now()
+		if live {
+			t.Fatalf("trial %d: a duplicate ran fn while the first claimant's fn context was live", trial)
+		}
+		if now.After(bound) && actx.Err() == nil {
+			t.Fatalf("trial %d: fn's context live past send time + lease − 5 ms", trial)
+		}
+		close(release)
+		if err := <-done; !errors.Is(err, idempotency.ErrLeaseLost) {
+			t.Fatalf("trial %d: the cut-off claimant's Do = %v, want ErrLeaseLost", trial, err)
+		}
+		f.down.Store(false)
+	}
 }

@@ -127,24 +127,32 @@ func (c *Context) Cancel(cause error) { c.cancel(cause) }
 
 // Child returns a context for work done under the holding: derived from
 // c (so it ends the instant c does, with c's cause), also cancelled when
-// parent ends (with parent's cause), and whose Err consults c's clock.
-// It carries c's values. stop releases it; call it when the work ends.
+// parent ends (with parent's cause), and whose Err consults c's clock and
+// parent. It carries c's values. stop releases it; call it when the work
+// ends.
 func (c *Context) Child(parent context.Context) (ctx context.Context, stop func()) {
 	cctx, cancel := context.WithCancelCause(c)
 	unhook := context.AfterFunc(parent, func() { cancel(context.Cause(parent)) })
-	return child{cctx, c}, func() {
+	return child{cctx, c, parent, cancel}, func() {
 		unhook()
 		cancel(context.Canceled)
 	}
 }
 
-// child is a context derived from a Context whose Err consults the clock.
+// child is a context derived from a Context whose Err consults the clock
+// and the parent, so that neither end waits for a goroutine to pass it
+// on.
 type child struct {
 	context.Context
-	d *Context
+	d      *Context
+	parent context.Context
+	cancel context.CancelCauseFunc
 }
 
 func (c child) Err() error {
 	_ = c.d.Err() // cancels c.d, and so this context, once the deadline has passed
+	if c.Context.Err() == nil && c.parent.Err() != nil {
+		c.cancel(context.Cause(c.parent))
+	}
 	return c.Context.Err()
 }

@@ -2,7 +2,6 @@ package dynamo
 
 import (
 	"context"
-	"errors"
 	"sort"
 	"time"
 
@@ -23,10 +22,6 @@ import (
 // that do not return it) picks the right one. In the steady state each
 // change is one round trip.
 type circuits struct{ s *store }
-
-// errCircuitRace is returned when a circuit changed state under every
-// attempt (extremely contended).
-var errCircuitRace = errors.New("dynamo: circuit changed on every attempt; try again")
 
 func circRec(name string, it item) driver.CircuitRecord {
 	st := driver.CircuitState(gS(it, aState))
@@ -68,9 +63,11 @@ func (c circuits) change(ctx context.Context, op, name string, vals item, varian
 	// One request id for every attempt of this change: once one attempt
 	// has applied, notMine fails all later ones, and the id tells.
 	req := reqID()
+	tries := s.attempts(3*len(variants) + 6)
 	tried := 0
-	for tried < 3*len(variants)+6 {
+	for tried < tries {
 		tried++
+		s.raced("step")
 		now := nowMs()
 		v := map[string]types.AttributeValue{}
 		for k, x := range vals {
@@ -118,7 +115,9 @@ func (c circuits) change(ctx context.Context, op, name string, vals item, varian
 		}
 		i = (i + 1) % len(variants)
 	}
-	return driver.CircuitRecord{}, errCircuitRace
+	// The circuit changed state under every attempt (extremely
+	// contended).
+	return driver.CircuitRecord{}, &contendedError{op: op, key: name, tries: tries}
 }
 
 // remember keeps a circuit's state and failure count as the guess for its

@@ -96,8 +96,8 @@ type store struct {
 	poll      time.Duration
 	lookback  time.Duration
 	retention time.Duration
-	pageLimit int32 // Limit of each Scan/Query page; 0: DynamoDB's 1 MB pages
-	closeIdle func()
+	pageLimit int32  // Limit of each Scan/Query page; 0: DynamoDB's 1 MB pages
+	conns     *conns // the connections of the store's own HTTP client (Open); nil for New's
 
 	lockPfx, circPfx, cachePfx, idemPfx, cpPfx string
 	lockEvt, circEvt                           string // gpk of each kind's events
@@ -117,6 +117,9 @@ type store struct {
 	hints    atomic.Int64
 
 	hub *hub
+
+	tries int               // tests: attempts of each retry loop before it gives up (0: the loop's default)
+	race  func(site string) // tests: called where a retry loop can lose a race (see raced)
 }
 
 // notifyStore is a store whose table has the events index: it implements
@@ -227,23 +230,14 @@ func open(ctx context.Context, u *url.URL, opts *Options) (driver.Store, error) 
 	if err != nil {
 		return nil, err
 	}
-	// The SDK's buildable client (it honours AWS_CA_BUNDLE); its
-	// transport is remembered so that Close can close idle connections.
-	var trMu sync.Mutex
-	var trs []*http.Transport
+	// The SDK's buildable client (it honours AWS_CA_BUNDLE), whose
+	// connections the store tracks so that Close can close them (see
+	// conns).
+	cs := newConns()
 	hc := awshttp.NewBuildableClient().WithTransportOptions(func(tr *http.Transport) {
 		tr.MaxIdleConnsPerHost = 64
-		trMu.Lock()
-		trs = append(trs, tr)
-		trMu.Unlock()
+		tr.DialContext = cs.dialer(tr.DialContext)
 	})
-	closeIdle := func() {
-		trMu.Lock()
-		defer trMu.Unlock()
-		for _, tr := range trs {
-			tr.CloseIdleConnections()
-		}
-	}
 	var loads []func(*config.LoadOptions) error
 	loads = append(loads, config.WithHTTPClient(hc))
 	if cfg.region != "" {
@@ -267,13 +261,19 @@ func open(ctx context.Context, u *url.URL, opts *Options) (driver.Store, error) 
 		if cfg.endpoint != "" {
 			o.BaseEndpoint = aws.String(cfg.endpoint)
 		}
+		// The client's own copy of the HTTP client, made after the SDK
+		// applied its timeouts, which replace the dial function: track
+		// its connections too.
+		if b, ok := o.HTTPClient.(*awshttp.BuildableClient); ok {
+			o.HTTPClient = b.WithTransportOptions(func(tr *http.Transport) { tr.DialContext = cs.dialer(tr.DialContext) })
+		}
 	})
 	s, err := newStore(ctx, client, cfg.table, &cfg.opts)
 	if err != nil {
-		closeIdle()
+		cs.close()
 		return nil, err
 	}
-	s.base().closeIdle = closeIdle
+	s.base().conns = cs
 	return s, nil
 }
 
@@ -386,18 +386,65 @@ func (s *store) Ping(ctx context.Context) error {
 }
 
 // Close implements driver.Store: it stops the watcher and, for a store
-// made by Open, closes idle connections. A client handed to New stays
-// usable.
+// made by Open, closes every connection of its HTTP client (a request
+// still in flight fails), so that no connection and no goroutine of the
+// store outlives it. A client handed to New stays usable, its connections
+// untouched.
 func (s *store) Close() error {
 	s.hub.Close()
-	if s.closeIdle != nil {
-		s.closeIdle()
+	if s.conns != nil {
+		s.conns.close()
 	}
 	return nil
 }
 
 // ---------------------------------------------------------------------------
 // helpers
+
+// retryLimit is how many attempts a lock acquire or an idempotency claim
+// makes when each finds the item changed between its conditional write
+// and the read that follows; it is not reached in practice.
+const retryLimit = 10
+
+// errContended is what the error of an operation that gave up wraps.
+var errContended = errors.New("dynamo: the item changed under every attempt")
+
+// contendedError is the error of an operation that gave up (errors.Is
+// errContended): every attempt lost a race with another change of the
+// item. It names the operation, the key and the number of attempts; the
+// operation decided nothing (no lock was taken or refused, no claim
+// made), and the portable packages treat the error as transient, as any
+// store error, and try again.
+type contendedError struct {
+	op, key string
+	tries   int
+}
+
+func (e *contendedError) Error() string {
+	return fmt.Sprintf("dynamo: %s %q: gave up after %d attempts, each lost a race with another change of the item; nothing was decided, try again",
+		e.op, e.key, e.tries)
+}
+
+func (e *contendedError) Unwrap() error { return errContended }
+
+// attempts is the bound of a retry loop whose default is def.
+func (s *store) attempts(def int) int {
+	if s.tries > 0 {
+		return s.tries
+	}
+	return def
+}
+
+// raced calls the test hook, if any, at a site where a retry loop can
+// lose a race: "write" as an attempt of an acquire or a claim starts,
+// "renew" before renewing the caller's own holding or claim it just read,
+// "step" before each conditional update of a circuit change. Tests make
+// the race happen there.
+func (s *store) raced(site string) {
+	if s.race != nil {
+		s.race(site)
+	}
+}
 
 // err wraps a DynamoDB error for op, or returns ctx's error when ctx ended.
 func (s *store) err(ctx context.Context, op string, err error) error {

@@ -10,3 +10,14 @@ func SetPageLimit(st *warden.Store, n int32) {
 
 // EventsOn reports whether the store writes to the events index.
 func EventsOn(st *warden.Store) bool { return st.Driver().(driverStore).base().events }
+
+// ErrContended is what the error of an operation that gave up wraps.
+var ErrContended = errContended
+
+// SetTries sets how many attempts each retry loop of st makes before it
+// gives up (0: each loop's default).
+func SetTries(st *warden.Store, n int) { st.Driver().(driverStore).base().tries = n }
+
+// SetRace sets the hook st's retry loops call where they can lose a race
+// (see store.raced for the sites).
+func SetRace(st *warden.Store, f func(site string)) { st.Driver().(driverStore).base().race = f }

@@ -34,11 +34,15 @@ func idemRec(key string, it item) driver.IdemRecord {
 // (absent or lapsed) whose ALL_OLD copy tells a fresh claim from a
 // takeover. When the condition fails, the holder comes from the endpoint
 // (ALL_OLD) or one consistent read; owner's own pending claim is renewed
-// with a second conditional update.
+// with a second conditional update. A claim whose every attempt finds the
+// item changed under it gives up with an error saying so (errContended),
+// never with a made-up "in progress".
 func (d idempotency) Claim(ctx context.Context, key, owner string, lease time.Duration, fingerprint string) (driver.IdemRecord, driver.ClaimOutcome, error) {
 	s := d.s
 	pk := s.idemPfx + key
-	for attempt := 0; ; attempt++ {
+	tries := s.attempts(retryLimit)
+	for range tries {
+		s.raced("write")
 		now := nowMs()
 		exp := now + driver.Millis(lease)
 		req := reqID()
@@ -81,6 +85,7 @@ func (d idempotency) Claim(ctx context.Context, key, owner string, lease time.Du
 			case r.Owner != owner:
 				return r, driver.InProgress, nil
 			}
+			s.raced("renew")
 			it, ok, err := d.extend(ctx, key, owner, lease)
 			if err != nil {
 				return driver.IdemRecord{}, 0, err
@@ -89,13 +94,12 @@ func (d idempotency) Claim(ctx context.Context, key, owner string, lease time.Du
 				return idemRec(key, it), driver.Claimed, nil
 			}
 		}
-		if attempt >= 10 {
-			if old != nil {
-				return idemRec(key, old), driver.InProgress, nil
-			}
-			return rec, driver.InProgress, nil
-		}
+		// The item changed between the condition and the read (or under
+		// the renewal): try again.
 	}
+	// No claim was made and nobody else's is known: say so, rather than
+	// report one in progress.
+	return driver.IdemRecord{}, 0, &contendedError{op: "claiming idempotency key", key: key, tries: tries}
 }
 
 func (d idempotency) extend(ctx context.Context, key, owner string, lease time.Duration) (item, bool, error) {

@@ -41,7 +41,10 @@ func (s *store) retentionTTL(ms int64) int64 {
 // owner itself, a second conditional update renews its holding and keeps
 // its token. On endpoints without ALL_OLD, a store that found the lock
 // held by another reads it first on its next attempts while that holding
-// lasts (one request while it stays held).
+// lasts (one request while it stays held). An acquire whose every attempt
+// finds the item changed between its write and its read (or under the
+// renewal) gives up with an error saying so (errContended), never with a
+// made-up holder.
 func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (driver.LockRecord, bool, error) {
 	s := l.s
 	pk := s.lockPfx + key
@@ -68,7 +71,9 @@ func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 		}
 		s.heldHint.Delete(pk)
 	}
-	for attempt := 0; ; attempt++ {
+	tries := s.attempts(retryLimit)
+	for range tries {
+		s.raced("write")
 		now := nowMs()
 		exp := now + driver.Millis(ttl)
 		req := reqID()
@@ -103,19 +108,18 @@ func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 				}
 				return rec, false, nil
 			}
+			s.raced("renew")
 			r, ok, err := l.Refresh(ctx, key, owner, rec.Token, ttl)
 			if err != nil || ok {
 				return r, ok, err
 			}
 		}
-		// The item changed between the condition and the read: try again.
-		if attempt >= 10 {
-			if old != nil {
-				return lockRec(key, old), false, nil
-			}
-			return driver.LockRecord{}, false, nil
-		}
+		// The item changed between the condition and the read (or under
+		// the renewal): try again.
 	}
+	// Neither acquired nor held by another as far as anyone can tell:
+	// say so, rather than report a holder.
+	return driver.LockRecord{}, false, &contendedError{op: "acquiring lock", key: key, tries: tries}
 }
 
 // maxHints bounds the held-lock hints a store keeps.

@@ -43,7 +43,8 @@ func (c cache) Get(ctx context.Context, key string) (driver.CacheEntry, bool, er
 // Set implements driver.Cache: one upsert.
 func (c cache) Set(ctx context.Context, key string, value []byte, ttl time.Duration) error {
 	s := c.s
-	for range retryLimit {
+	for range s.tries {
+		s.raced("write")
 		t := now()
 		_, err := s.cache.UpdateOne(ctx, s.nsKey(s.cachePfx+key),
 			s.withIdent(bson.D{{Key: "$set", Value: set("value", nonNil(value), "expiresAt", expiry(t, ttl), "updatedAt", t)}}, s.cachePfx+key),
@@ -52,7 +53,7 @@ func (c cache) Set(ctx context.Context, key string, value []byte, ttl time.Durat
 			return ctxErr(ctx, err)
 		}
 	}
-	return errBusy
+	return s.busy("writing cache entry", key)
 }
 
 // SetIfAbsent implements driver.Cache: one upsert whose filter matches an

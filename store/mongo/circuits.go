@@ -62,13 +62,15 @@ type step struct {
 }
 
 // apply tries the steps in order until one matches, starting over (with
-// fresh times) when none does; it returns the new document.
-func (c circuits) apply(ctx context.Context, name string, steps func(t time.Time) []step) (circDoc, error) {
+// fresh times) when none does; it returns the new document. op names the
+// change in the error of a change that gave up.
+func (c circuits) apply(ctx context.Context, op, name string, steps func(t time.Time) []step) (circDoc, error) {
 	s := c.s
 	sk := s.circPfx + name
-	for range retryLimit {
+	for range s.tries {
 		t := now()
 		for _, st := range steps(t) {
+			s.raced("step")
 			var d circDoc
 			update := st.update
 			if st.upsert {
@@ -88,7 +90,7 @@ func (c circuits) apply(ctx context.Context, name string, steps func(t time.Time
 			return circDoc{}, err
 		}
 	}
-	return circDoc{}, errBusy
+	return circDoc{}, s.busy(op, name)
 }
 
 func set(kv ...any) bson.D {
@@ -104,7 +106,7 @@ func set(kv ...any) bson.D {
 // the following steps.
 func (c circuits) RecordFailure(ctx context.Context, name string, threshold int) (driver.CircuitRecord, error) {
 	th := int64(max(threshold, 1))
-	d, err := c.apply(ctx, name, func(t time.Time) []step {
+	d, err := c.apply(ctx, "recording circuit failure", name, func(t time.Time) []step {
 		inc := bson.E{Key: "$inc", Value: set("failureCount", int64(1), "version", int64(1))}
 		var steps []step
 		if th > 1 {
@@ -143,7 +145,7 @@ func (c circuits) RecordFailure(ctx context.Context, name string, threshold int)
 // RecordSuccess implements driver.Circuits: one update unless the circuit
 // is open.
 func (c circuits) RecordSuccess(ctx context.Context, name string) (driver.CircuitRecord, error) {
-	d, err := c.apply(ctx, name, func(t time.Time) []step {
+	d, err := c.apply(ctx, "recording circuit success", name, func(t time.Time) []step {
 		return []step{
 			{
 				filter: set("state", set("$in", bson.A{string(driver.Closed), string(driver.HalfOpen)})),
@@ -213,7 +215,7 @@ func (c circuits) Get(ctx context.Context, name string) (driver.CircuitRecord, b
 
 // Set implements driver.Circuits: one upsert.
 func (c circuits) Set(ctx context.Context, name string, state driver.CircuitState) (driver.CircuitRecord, error) {
-	d, err := c.apply(ctx, name, func(t time.Time) []step {
+	d, err := c.apply(ctx, "setting circuit", name, func(t time.Time) []step {
 		st := set("state", string(state), "probeOwner", nil, "probeUntil", nil, "updatedAt", t)
 		ins := set("lastFailureTime", nil, "lastSuccessTime", nil, "createdAt", t)
 		if state == driver.Closed {

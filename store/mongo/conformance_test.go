@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/url"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -191,7 +192,15 @@ func TestConformanceNew(t *testing.T) {
 		Name: "mongodb-new",
 		Open: func(tb testing.TB, prefix string) *warden.Store {
 			once.Do(func() { db = testDB(t, nil) })
-			st, err := mongo.New(db, &mongo.Options{Prefix: prefix, Collections: newCollections})
+			on := db
+			if strings.Contains(tb.Name(), "/Leaks/") {
+				// The leak check counts the process's connections: the
+				// shared client's pool may grow by one connection during
+				// it, which is the client's and stays. Its stores get a
+				// client of their own, disconnected when the cycle ends.
+				on = testDB(tb, nil)
+			}
+			st, err := mongo.New(on, &mongo.Options{Prefix: prefix, Collections: newCollections})
 			if err != nil {
 				tb.Fatal(err)
 			}

@@ -1,5 +1,68 @@
 package mongo
 
+import (
+	"fmt"
+	"reflect"
+	"unsafe"
+
+	"github.com/warden-go/warden"
+	mongodrv "go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/readconcern"
+	"go.mongodb.org/mongo-driver/v2/mongo/readpref"
+	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
+)
+
 // UseMongoPaths makes a store opened with o take MongoDB's code paths even
 // on FerretDB.
 func UseMongoPaths(o *Options) { o.mongoPaths = true }
+
+// ErrBusy is what the error of an operation that gave up wraps.
+var ErrBusy = errBusy
+
+// SetTries sets how many attempts each retry loop of st makes before it
+// gives up (retryLimit by default).
+func SetTries(st *warden.Store, n int) { st.Driver().(*store).tries = n }
+
+// SetRace sets the hook st's retry loops call where they can lose a race
+// (see store.raced for the sites).
+func SetRace(st *warden.Store, f func(site string)) { st.Driver().(*store).race = f }
+
+// Concern is what a collection handle reads from and with, and writes
+// with.
+type Concern struct {
+	ReadPref, ReadConcern, WriteConcern string
+}
+
+// Concerns returns the concerns of st's collection handles by role:
+// locks, circuits, cache, idempotency, checkpoints, fences, events. The
+// driver has no getters for them: they are read from the handles' fields.
+func Concerns(st *warden.Store) map[string]Concern {
+	s := st.Driver().(*store)
+	out := map[string]Concern{}
+	for role, c := range map[string]*mongodrv.Collection{
+		"locks": s.locks, "circuits": s.circs, "cache": s.cache, "idempotency": s.idem,
+		"checkpoints": s.cps, "fences": s.fences, "events": s.events,
+	} {
+		var k Concern
+		if rp := field[*readpref.ReadPref](c, "readPreference"); rp != nil {
+			k.ReadPref = rp.Mode().String()
+		}
+		if rc := field[*readconcern.ReadConcern](c, "readConcern"); rc != nil {
+			k.ReadConcern = rc.Level
+		}
+		if wc := field[*writeconcern.WriteConcern](c, "writeConcern"); wc != nil {
+			k.WriteConcern = fmt.Sprint(wc.W)
+		}
+		out[role] = k
+	}
+	return out
+}
+
+// field reads the unexported field name of a collection handle.
+func field[T any](c *mongodrv.Collection, name string) T {
+	v := reflect.ValueOf(c).Elem().FieldByName(name)
+	if !v.IsValid() || v.Type() != reflect.TypeFor[T]() {
+		panic(fmt.Sprintf("mongo.Collection has no field %s of type %v (driver changed?)", name, reflect.TypeFor[T]()))
+	}
+	return *(*T)(unsafe.Pointer(v.UnsafeAddr()))
+}

@@ -53,7 +53,8 @@ func (d *idemDoc) record(key string) driver.IdemRecord {
 func (i idempotency) Claim(ctx context.Context, key, owner string, lease time.Duration, fingerprint string) (driver.IdemRecord, driver.ClaimOutcome, error) {
 	s := i.s
 	sk := s.prefix + key
-	for range retryLimit {
+	for range s.tries {
+		s.raced("write")
 		t := now()
 		exp := after(t, lease)
 		var before idemDoc
@@ -89,6 +90,7 @@ func (i idempotency) Claim(ctx context.Context, key, owner string, lease time.Du
 			return d.record(key), driver.InProgress, nil
 		}
 		// The caller's own live claim: renew the lease.
+		s.raced("renew")
 		exp = after(t, lease)
 		res, err := s.idem.UpdateOne(ctx, append(s.nsKey(sk), bson.E{Key: "status", Value: string(driver.IdemPending)},
 			bson.E{Key: "owner", Value: owner}, bson.E{Key: "expiresAt", Value: set("$gt", t)}),
@@ -105,7 +107,7 @@ func (i idempotency) Claim(ctx context.Context, key, owner string, lease time.Du
 			return driver.IdemRecord{}, 0, err
 		}
 	}
-	return driver.IdemRecord{}, 0, errBusy
+	return driver.IdemRecord{}, 0, s.busy("claiming idempotency key", key)
 }
 
 func (i idempotency) pending(key, owner string) bson.D {
@@ -160,7 +162,8 @@ func (i idempotency) Get(ctx context.Context, key string) (driver.IdemRecord, bo
 // Set implements driver.Idempotency: one upsert.
 func (i idempotency) Set(ctx context.Context, key string, result []byte, ttl time.Duration) error {
 	s := i.s
-	for range retryLimit {
+	for range s.tries {
+		s.raced("write")
 		t := now()
 		_, err := s.idem.UpdateOne(ctx, s.nsKey(s.prefix+key), s.withIdent(bson.D{{Key: "$set", Value: set(
 			"status", string(driver.IdemCompleted), "owner", nil, "fingerprint", nil, "result", nonNil(result),
@@ -169,7 +172,7 @@ func (i idempotency) Set(ctx context.Context, key string, result []byte, ttl tim
 			return ctxErr(ctx, err)
 		}
 	}
-	return errBusy
+	return s.busy("writing idempotency key", key)
 }
 
 // Delete implements driver.Idempotency.

@@ -82,11 +82,16 @@ func after1() *options.FindOneAndUpdateOptionsBuilder {
 // instead: a new key is still one round trip, and an existing one is read
 // by _id and updated by the compare-and-swap. A key the store has seen to
 // exist (a bounded set) is read first, saving the colliding insert.
+//
+// Each step that finds the document changed since it was read starts
+// again; after the store's retry limit the acquire gives up with an error
+// that names the key and the attempts (errBusy), never an outcome.
 func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (driver.LockRecord, bool, error) {
 	s := l.s
 	sk := s.lockPfx + key
 	write := true // try the insert or upsert first: on the first attempt, and after finding no document
-	for range retryLimit {
+	for range s.tries {
+		s.raced("write")
 		t := now()
 		cand := driver.TokenBase(t)
 		var d lockDoc
@@ -142,6 +147,7 @@ func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 			return d.record(key), false, nil
 		case d.liveAt(t):
 			// The caller's own live holding: renew it, keep the token.
+			s.raced("renew")
 			f := append(s.nsKey(sk), bson.E{Key: "owner", Value: owner}, bson.E{Key: "token", Value: d.Token},
 				bson.E{Key: "released", Value: false}, bson.E{Key: "expiresAt", Value: bson.D{{Key: "$gt", Value: t}}})
 			u := bson.D{{Key: "$set", Value: bson.D{{Key: "expiresAt", Value: after(t, ttl)}, {Key: "updatedAt", Value: t}}}}
@@ -174,7 +180,7 @@ func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 			return driver.LockRecord{}, false, err
 		}
 	}
-	return driver.LockRecord{}, false, errBusy
+	return driver.LockRecord{}, false, s.busy("acquiring lock", key)
 }
 
 // knownLocks bounds how many lock keys a store remembers as existing.

@@ -31,7 +31,14 @@
 // circuits_collection, cache_collection, idempotency_collection,
 // checkpoints_collection, fences_collection; every other parameter is a
 // MongoDB connection-string option (w, replicaSet, authSource, tls, …).
-// For locks, use a majority write concern (w=majority) on replica sets.
+//
+// Whatever the URL (or the database handed to New) says, locks,
+// circuits, idempotency keys, checkpoints and fences are read from the
+// primary with majority read concern and written with majority write
+// concern, so that no read of coordination state comes from a lagging
+// secondary and nothing granted is rolled back by a failover. The
+// connection string's read preference, read concern and write concern
+// apply to the cache and the event collection.
 package mongo
 
 import (
@@ -50,6 +57,9 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/mongo/readconcern"
+	"go.mongodb.org/mongo-driver/v2/mongo/readpref"
+	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/connstring"
 )
 
@@ -144,8 +154,9 @@ func init() {
 
 // New returns a store on db. The store leaves db's client connected when
 // it closes. Unless opts.DisableAutoMigrate, collections and indexes are
-// created first. Write concern and read preference are db's: use a
-// majority write concern for locks on a replica set.
+// created first. db's read preference, read concern and write concern
+// apply to the cache and the events; coordination state always uses the
+// primary and majority concerns (see the package documentation).
 func New(db *mongo.Database, opts *Options) (*warden.Store, error) {
 	if db == nil {
 		return nil, errors.New("mongo: nil database")
@@ -368,6 +379,9 @@ type store struct {
 	knownMu sync.Mutex
 	known   map[string]bool // lock documents seen to exist (FerretDB paths)
 	hub     *hub
+
+	tries int               // attempts of each retry loop before it gives up: retryLimit (tests lower it)
+	race  func(site string) // tests: called where a retry loop can lose a race (see raced)
 }
 
 func newStore(ctx context.Context, db *mongo.Database, own bool, opts *Options) (*store, error) {
@@ -422,12 +436,21 @@ func newStoreOn(ctx context.Context, db *mongo.Database, own bool, server string
 	if s.maxValue == 0 {
 		s.maxValue = DefaultMaxValueBytes
 	}
-	s.locks = db.Collection(n.Locks)
-	s.circs = db.Collection(n.Circuits)
+	s.tries = retryLimit
+	// Coordination state is read from the primary with majority read
+	// concern and written with majority write concern, whatever the URL
+	// or the database handed to New asks for: a read after a collision
+	// (E11000) or after an ambiguous write must see the write that won,
+	// and a holding, claim or fence must survive a failover once granted.
+	// The cache and the event collection follow the URL.
+	coord := options.Collection().SetReadPreference(readpref.Primary()).
+		SetReadConcern(readconcern.Majority()).SetWriteConcern(writeconcern.Majority())
+	s.locks = db.Collection(n.Locks, coord)
+	s.circs = db.Collection(n.Circuits, coord)
 	s.cache = db.Collection(n.Cache)
-	s.idem = db.Collection(n.Idempotency)
-	s.cps = db.Collection(n.Checkpoints)
-	s.fences = db.Collection(n.Fences)
+	s.idem = db.Collection(n.Idempotency, coord)
+	s.cps = db.Collection(n.Checkpoints, coord)
+	s.fences = db.Collection(n.Fences, coord)
 	s.events = db.Collection(n.Events)
 	if !opts.DisableAutoMigrate && !s.migratedBefore() {
 		if err := s.Migrate(ctx); err != nil {
@@ -652,4 +675,36 @@ func nonNil(v []byte) []byte {
 // keep losing races; it is never reached in practice.
 const retryLimit = 100
 
+// errBusy is what an operation that gave up wraps: every one of its
+// attempts lost a race with another change of the record.
 var errBusy = errors.New("mongo: the record kept changing; giving up after many attempts")
+
+// busyError is the error of an operation that gave up (errors.Is
+// errBusy). It names the operation, the key and the number of attempts;
+// the operation decided nothing (no lock was taken or refused, no claim
+// made), and the portable packages treat the error as transient, as any
+// store error, and try again.
+type busyError struct {
+	op, key string
+	tries   int
+}
+
+func (e *busyError) Error() string {
+	return fmt.Sprintf("mongo: %s %q: gave up after %d attempts, each lost a race with another change of the record; nothing was decided, try again",
+		e.op, e.key, e.tries)
+}
+
+func (e *busyError) Unwrap() error { return errBusy }
+
+// busy returns the error of op on key giving up after the store's tries.
+func (s *store) busy(op, key string) error { return &busyError{op: op, key: key, tries: s.tries} }
+
+// raced calls the test hook, if any, at a site where a retry loop can
+// lose a race: "write" as an attempt starts, "renew" before renewing the
+// caller's own holding or claim it just read, "step" before each
+// conditional step of a circuit change. Tests make the race happen there.
+func (s *store) raced(site string) {
+	if s.race != nil {
+		s.race(site)
+	}
+}
