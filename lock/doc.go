@@ -4,7 +4,8 @@
 // lock primitives, so it behaves the same on every backend.
 //
 //	st, _ := warden.Open(ctx, "postgres://…")
-//	locker := lock.New(st, nil) // TTL 30 s, refreshed every 10 s
+//	locker, err := lock.New(st, nil) // TTL 30 s, refreshed every 10 s
+//	if err != nil { … }
 //	defer locker.Close()
 //
 //	err := lock.Do(ctx, locker, "jobs/nightly-report", func(ctx context.Context) error {
@@ -17,8 +18,9 @@
 // attempt and returns [ErrLocked] (a [*HeldError] naming the holder) if
 // the key is held. A lease lasts TTL in the store and renews itself in the
 // background every RefreshInterval. The Locker schedules all its leases on
-// one timer and refreshes them with a small, bounded pool of workers, so a
-// held lease costs no goroutine and a process can hold tens of thousands.
+// one timer and refreshes them, nearest deadline first, with short-lived
+// workers sized to the load, so a held lease costs no goroutine and a
+// process can hold tens of thousands.
 // Release ends it.
 //
 // The lease's Context is cancelled the moment the lease ends; its cause
@@ -27,8 +29,12 @@
 // expired and someone else took the key, or an operator force-released
 // it), or no refresh succeeded before the lease's local deadline. The
 // local deadline is the local time the last successful acquire or refresh
-// was sent, plus TTL, minus ClockSkew: the store cannot have let anyone
-// else in before it, as long as the two clocks run at about the same rate.
+// was sent, plus TTL, minus ClockSkew (at least MinClockSkew): the store
+// cannot have let anyone else in before it, as long as the two clocks run
+// at about the same rate. At the deadline the context is done first —
+// before the next waiter is let in or the loss is logged — and its Err
+// consults the clock, so it reports the loss even before a timer fires.
+// Acquire never returns a lease whose deadline has already passed.
 // A refresh that fails is retried with a short back-off until then, and a
 // refresh whose outcome is unknown (sent, no reply) is settled by reading
 // the record back. Losses are logged at Warn on the store's logger.
