@@ -110,7 +110,7 @@ func lockerCycle(b *testing.B, u string) {
 func rawDB(b *testing.B) *sql.DB {
 	b.Helper()
 	path := filepath.Join(b.TempDir(), "raw.db")
-	dsn := "file:" + url.PathEscape(path) + "?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_txlock=immediate"
+	dsn := "file:" + url.PathEscape(path) + "?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_txlock=immediate"
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
 		b.Fatal(err)
