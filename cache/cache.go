@@ -82,6 +82,8 @@ const (
 	DefaultLoadLease = 10 * time.Second
 	DefaultPollMin   = 5 * time.Millisecond
 	DefaultPollMax   = 200 * time.Millisecond
+	// DefaultStoreTimeout bounds GetOrLoad's store calls before it loads.
+	DefaultStoreTimeout = time.Second
 )
 
 // Options configure a Cache. The zero value (or nil) caches values without
@@ -107,6 +109,18 @@ type Options struct {
 	// callers waiting for another process's load. 0: DefaultPollMin (5 ms)
 	// and DefaultPollMax (200 ms). A PollMax under PollMin is raised to it.
 	PollMin, PollMax time.Duration
+	// StoreTimeout bounds each store call GetOrLoad makes before it
+	// loads (the lookup, taking the load lease), so that a store that
+	// hangs costs a read at most this long before the loader runs. 0:
+	// DefaultStoreTimeout (1 s).
+	StoreTimeout time.Duration
+	// FailOnStoreError makes GetOrLoad return the store's error when the
+	// store fails or times out. By default it loads instead — without
+	// the cross-process lease, so every process whose store is down
+	// loads for itself — serves the value, tries to store it, and counts
+	// the fallback in Stats.StoreFallbacks: a cache outage does not
+	// become a read outage.
+	FailOnStoreError bool
 	// Prefix is put before every key, so that several caches can share a
 	// store without seeing each other's keys: Keys lists and Clear deletes
 	// only keys under it. "": the store's whole cache namespace. With a
@@ -123,6 +137,9 @@ type Stats struct {
 	Loads        uint64 // loader calls made by this Cache
 	LoadErrors   uint64 // loader calls that failed or panicked (absence is not a failure)
 	Errors       uint64 // store or codec errors met by this Cache
+	// StoreFallbacks counts GetOrLoad calls that loaded without the store
+	// because it failed or timed out (see Options.FailOnStoreError).
+	StoreFallbacks uint64
 }
 
 // PanicError is returned by GetOrLoad when the loader panicked.
@@ -152,7 +169,7 @@ type Cache[T any] struct {
 	revalidating map[string]struct{}
 	wg           sync.WaitGroup
 
-	hits, staleHits, negHits, misses, loads, loadErrs, errs atomic.Uint64
+	hits, staleHits, negHits, misses, loads, loadErrs, errs, fallbacks atomic.Uint64
 }
 
 // New returns a cache of T values on st. nil opts means defaults. A nil
@@ -169,6 +186,7 @@ func New[T any](st *warden.Store, opts *Options) (*Cache[T], error) {
 	for name, d := range map[string]time.Duration{
 		"TTL": o.TTL, "NegativeTTL": o.NegativeTTL, "LoadLease": o.LoadLease,
 		"StaleWhileRevalidate": o.StaleWhileRevalidate, "PollMin": o.PollMin, "PollMax": o.PollMax,
+		"StoreTimeout": o.StoreTimeout,
 	} {
 		if d < 0 {
 			return nil, fmt.Errorf("%w: cache Options.%s is negative (%v)", warden.ErrInvalidArgument, name, d)
@@ -179,6 +197,9 @@ func New[T any](st *warden.Store, opts *Options) (*Cache[T], error) {
 	}
 	if o.LoadLease == 0 {
 		o.LoadLease = DefaultLoadLease
+	}
+	if o.StoreTimeout == 0 {
+		o.StoreTimeout = DefaultStoreTimeout
 	}
 	if o.PollMin == 0 {
 		o.PollMin = DefaultPollMin
@@ -234,6 +255,8 @@ func (c *Cache[T]) Stats() Stats {
 		Loads:        c.loads.Load(),
 		LoadErrors:   c.loadErrs.Load(),
 		Errors:       c.errs.Load(),
+
+		StoreFallbacks: c.fallbacks.Load(),
 	}
 }
 

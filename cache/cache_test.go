@@ -743,3 +743,103 @@ func TestNewRejectsBadOptions(t *testing.T) {
 		t.Fatalf("nil store: err = %v, want ErrInvalidArgument", err)
 	}
 }
+
+// downStore wraps the memory driver; while down is set its cache and lock
+// calls fail, and while hung they block until their context ends.
+type downStore struct {
+	driver.Store
+	down, hung atomic.Bool
+}
+
+var errStoreDown = errors.New("connection refused (test outage)")
+
+func (d *downStore) wait(ctx context.Context) error {
+	if d.hung.Load() {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	if d.down.Load() {
+		return errStoreDown
+	}
+	return nil
+}
+
+func (d *downStore) Cache() driver.Cache { return downCache{d.Store.Cache(), d} }
+func (d *downStore) Locks() driver.Locks { return downLocks{d.Store.Locks(), d} }
+
+type downCache struct {
+	driver.Cache
+	d *downStore
+}
+
+func (c downCache) Get(ctx context.Context, key string) (driver.CacheEntry, bool, error) {
+	if err := c.d.wait(ctx); err != nil {
+		return driver.CacheEntry{}, false, err
+	}
+	return c.Cache.Get(ctx, key)
+}
+
+func (c downCache) Set(ctx context.Context, key string, v []byte, ttl time.Duration) error {
+	if err := c.d.wait(ctx); err != nil {
+		return err
+	}
+	return c.Cache.Set(ctx, key, v, ttl)
+}
+
+type downLocks struct {
+	driver.Locks
+	d *downStore
+}
+
+func (l downLocks) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (driver.LockRecord, bool, error) {
+	if err := l.d.wait(ctx); err != nil {
+		return driver.LockRecord{}, false, err
+	}
+	return l.Locks.Acquire(ctx, key, owner, ttl)
+}
+
+// Issue 13: a cache outage is not a read outage. With the store failing
+// or hung, GetOrLoad loads and serves (within the caller's deadline), and
+// counts the fallback; with FailOnStoreError it returns the store's error
+// without loading.
+func TestGetOrLoadWhenTheStoreIsDown(t *testing.T) {
+	d := &downStore{Store: testkit.MemoryDriver(testkit.DBName(t))}
+	st := testkit.Open(t, d, quiet)
+	c := newCache[string](t, st, &cache.Options{StoreTimeout: 20 * time.Millisecond})
+	strict := newCache[string](t, st, &cache.Options{StoreTimeout: 20 * time.Millisecond, FailOnStoreError: true})
+	var loads atomic.Int32
+	loader := func(context.Context) (string, error) { loads.Add(1); return "fresh", nil }
+	for _, mode := range []string{"down", "hung"} {
+		d.down.Store(mode == "down")
+		d.hung.Store(mode == "hung")
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		before := loads.Load()
+		v, err := c.GetOrLoad(ctx, "k-"+mode, loader)
+		if err != nil || v != "fresh" || loads.Load() != before+1 {
+			t.Fatalf("%s store: GetOrLoad = %q, %v after %d loads; want the loaded value", mode, v, err, loads.Load()-before)
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("%s store: the caller's deadline passed before GetOrLoad returned", mode)
+		}
+		_, err = strict.GetOrLoad(ctx, "k-"+mode, loader)
+		if err == nil || loads.Load() != before+1 {
+			t.Fatalf("%s store with FailOnStoreError: err %v after %d loads; want the store's error, no load", mode, err, loads.Load()-before)
+		}
+		cancel()
+	}
+	if s := c.Stats(); s.StoreFallbacks != 2 || s.Loads != 2 {
+		t.Fatalf("stats %+v: want 2 store fallbacks and 2 loads", s)
+	}
+	// Back up: the next miss takes the usual path.
+	d.down.Store(false)
+	d.hung.Store(false)
+	if v, err := c.GetOrLoad(context.Background(), "k-up", loader); err != nil || v != "fresh" {
+		t.Fatal(v, err)
+	}
+	if v, err := c.Get(context.Background(), "k-up"); err != nil || v != "fresh" {
+		t.Fatalf("the loaded value was not stored once the store was back: %q, %v", v, err)
+	}
+	if s := c.Stats(); s.StoreFallbacks != 2 {
+		t.Fatalf("a fallback counted with the store up: %+v", s)
+	}
+}

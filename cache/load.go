@@ -40,16 +40,32 @@ type flight[T any] struct {
 // that error, and caches the absence for Options.NegativeTTL if set. Other
 // loader errors are returned as they are, never cached. A failure to store
 // a loaded value is logged to the store's logger and the value returned.
+//
+// When the store fails or does not answer within Options.StoreTimeout,
+// GetOrLoad loads anyway (unless Options.FailOnStoreError): the value is
+// served, its storing is attempted, and Stats.StoreFallbacks counts it.
 func (c *Cache[T]) GetOrLoad(ctx context.Context, key string, loader func(ctx context.Context) (T, error)) (T, error) {
 	var zero T
 	if loader == nil {
 		return zero, errors.New("cache: GetOrLoad with a nil loader")
 	}
 	sk := c.opts.Prefix + key
-	r, err := c.lookup(ctx, sk, true)
+	lctx, cancel := context.WithTimeout(ctx, c.opts.StoreTimeout)
+	r, err := c.lookup(lctx, sk, true)
+	cancel()
+	if err != nil && ctx.Err() == nil && !isDecodeErr(err) && !c.opts.FailOnStoreError {
+		// The store is down or slow: load as on a miss (fetch loads
+		// without the store if it still fails).
+		c.count(err)
+		c.misses.Add(1)
+		return c.join(ctx, sk, loader)
+	}
 	if err != nil {
 		if ctx.Err() != nil || !isDecodeErr(err) {
 			c.count(err)
+			if ctx.Err() != nil {
+				return zero, ctx.Err()
+			}
 			return zero, err
 		}
 		// An entry that does not decode as T (written by another version
@@ -139,9 +155,14 @@ func (c *Cache[T]) fetch(base context.Context, sk string, f *flight[T], loader f
 			return zero, ErrClosed
 		}
 		sent := time.Now()
-		rec, acquired, err := c.st.Locks().Acquire(base, lk, owner, c.opts.LoadLease)
+		actx, cancel := context.WithTimeout(base, c.opts.StoreTimeout)
+		rec, acquired, err := c.st.Locks().Acquire(actx, lk, owner, c.opts.LoadLease)
+		cancel()
 		if err != nil {
 			c.count(err)
+			if base.Err() == nil && !c.opts.FailOnStoreError {
+				return c.loadWithoutStore(base, sk, loader, err)
+			}
 			return zero, c.closedOr(base, err)
 		}
 		if acquired {
@@ -153,9 +174,14 @@ func (c *Cache[T]) fetch(base context.Context, sk string, f *flight[T], loader f
 			return zero, c.closedOr(base, context.Canceled) // nobody waits any more
 		}
 		delay = min(2*delay, c.opts.PollMax)
-		r, err := c.lookup(base, sk, true)
+		lctx, cancel := context.WithTimeout(base, c.opts.StoreTimeout)
+		r, err := c.lookup(lctx, sk, true)
+		cancel()
 		if err != nil && !isDecodeErr(err) {
 			c.count(err)
+			if base.Err() == nil && !c.opts.FailOnStoreError {
+				return c.loadWithoutStore(base, sk, loader, err)
+			}
 			return zero, c.closedOr(base, err)
 		}
 		switch r.state {
@@ -245,6 +271,36 @@ func (c *Cache[T]) loadHeld(base context.Context, sk, lk, owner string, token in
 	if err != nil {
 		c.count(err)
 		c.st.Logger().Warn("warden cache: cannot store a loaded value", "key", sk, "err", err)
+	}
+	return v, nil
+}
+
+// loadWithoutStore loads sk when the store failed (storeErr) on the way:
+// without the cross-process lease, bounded by LoadLease. The value is
+// served and its storing attempted (bounded by StoreTimeout); a failure
+// there is logged.
+func (c *Cache[T]) loadWithoutStore(base context.Context, sk string, loader func(context.Context) (T, error), storeErr error) (T, error) {
+	var zero T
+	c.fallbacks.Add(1)
+	c.st.Logger().Warn("warden cache: the store failed; loading without it", "key", sk, "err", storeErr)
+	lctx, cancel := context.WithTimeout(base, c.opts.LoadLease)
+	defer cancel()
+	c.loads.Add(1)
+	v, err := callLoader(lctx, loader)
+	if err != nil {
+		if !errors.Is(err, ErrNotFound) {
+			c.loadErrs.Add(1)
+		}
+		return zero, err
+	}
+	b, hard, err := c.encode(v, c.opts.TTL)
+	if err == nil {
+		wctx, wcancel := context.WithTimeout(context.WithoutCancel(base), c.opts.StoreTimeout)
+		err = c.st.Cache().Set(wctx, sk, b, hard)
+		wcancel()
+	}
+	if err != nil {
+		c.count(err)
 	}
 	return v, nil
 }
