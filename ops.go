@@ -184,23 +184,48 @@ type Circuits struct {
 	d driver.Circuits
 }
 
-// RecordFailure adds one failure to the circuit; see driver.Circuits.
+// RecordFailure adds one failure to the circuit, whatever its generation
+// (RecordFailureGen with driver.AnyGeneration); see driver.Circuits.
 func (c *Circuits) RecordFailure(ctx context.Context, name string, threshold int) (rec driver.CircuitRecord, err error) {
+	return c.RecordFailureGen(ctx, name, threshold, driver.AnyGeneration)
+}
+
+// RecordFailureGen adds one failure to the circuit if it is still in
+// generation gen (driver.CircuitRecord.Generation), or whatever its
+// generation with driver.AnyGeneration; otherwise it changes nothing and
+// returns the current record. See driver.Circuits.
+func (c *Circuits) RecordFailureGen(ctx context.Context, name string, threshold int, gen int64) (rec driver.CircuitRecord, err error) {
 	var aerr error
-	if threshold < 1 {
+	switch {
+	case threshold < 1:
 		aerr = fmt.Errorf("%w: threshold %d is under 1", ErrInvalidArgument, threshold)
+	case gen < driver.AnyGeneration:
+		aerr = fmt.Errorf("%w: circuit generation %d", ErrInvalidArgument, gen)
 	}
 	err = c.s.check(ctx, "circuit.record-failure", name, firstErr(ValidateKey(name), aerr), func() (err error) {
-		rec, err = c.d.RecordFailure(ctx, name, threshold)
+		rec, err = c.d.RecordFailure(ctx, name, threshold, gen)
 		return err
 	})
 	return rec, err
 }
 
-// RecordSuccess records a success; see driver.Circuits.
+// RecordSuccess records a success, whatever the circuit's generation
+// (RecordSuccessGen with driver.AnyGeneration); see driver.Circuits.
 func (c *Circuits) RecordSuccess(ctx context.Context, name string) (rec driver.CircuitRecord, err error) {
-	err = c.s.check(ctx, "circuit.record-success", name, ValidateKey(name), func() (err error) {
-		rec, err = c.d.RecordSuccess(ctx, name)
+	return c.RecordSuccessGen(ctx, name, driver.AnyGeneration)
+}
+
+// RecordSuccessGen records a success if the circuit is still in
+// generation gen, or whatever its generation with driver.AnyGeneration;
+// otherwise it changes nothing and returns the current record. See
+// driver.Circuits.
+func (c *Circuits) RecordSuccessGen(ctx context.Context, name string, gen int64) (rec driver.CircuitRecord, err error) {
+	var aerr error
+	if gen < driver.AnyGeneration {
+		aerr = fmt.Errorf("%w: circuit generation %d", ErrInvalidArgument, gen)
+	}
+	err = c.s.check(ctx, "circuit.record-success", name, firstErr(ValidateKey(name), aerr), func() (err error) {
+		rec, err = c.d.RecordSuccess(ctx, name, gen)
 		return err
 	})
 	return rec, err
@@ -516,26 +541,53 @@ func (c *Checkpoints) List(ctx context.Context, taskID string) (cps []driver.Che
 	return cps, err
 }
 
-// Cleanup keeps the task's keep newest checkpoints and deletes the rest.
+// Cleanup keeps the task's keep newest checkpoints and deletes the rest,
+// unfenced (for operators): CleanupFenced with token 0.
 func (c *Checkpoints) Cleanup(ctx context.Context, taskID string, keep int) (n int64, err error) {
-	var aerr error
-	if keep < 0 {
-		aerr = fmt.Errorf("%w: keep %d is negative", ErrInvalidArgument, keep)
-	}
-	err = c.s.check(ctx, "checkpoint.cleanup", taskID, firstErr(ValidateKey(taskID), aerr), func() (err error) {
-		n, err = c.d.Cleanup(ctx, taskID, keep)
-		return err
-	})
+	n, _, err = c.CleanupFenced(ctx, taskID, keep, 0)
 	return n, err
 }
 
-// DeleteAll deletes every checkpoint of the task.
-func (c *Checkpoints) DeleteAll(ctx context.Context, taskID string) (n int64, err error) {
-	err = c.s.check(ctx, "checkpoint.delete-all", taskID, ValidateKey(taskID), func() (err error) {
-		n, err = c.d.DeleteAll(ctx, taskID)
+// CleanupFenced keeps the task's keep newest checkpoints and deletes the
+// rest, unless token (> 0) is below the task's fence: then it deletes
+// nothing and returns ok=false (a newer lease holder exists). Token 0 is
+// not fenced. See driver.Checkpoints.
+func (c *Checkpoints) CleanupFenced(ctx context.Context, taskID string, keep int, token int64) (n int64, ok bool, err error) {
+	var aerr error
+	switch {
+	case keep < 0:
+		aerr = fmt.Errorf("%w: keep %d is negative", ErrInvalidArgument, keep)
+	case token < 0:
+		aerr = fmt.Errorf("%w: negative fencing token", ErrInvalidArgument)
+	}
+	err = c.s.check(ctx, "checkpoint.cleanup", taskID, firstErr(ValidateKey(taskID), aerr), func() (err error) {
+		n, ok, err = c.d.Cleanup(ctx, taskID, keep, token)
 		return err
 	})
+	return n, ok, err
+}
+
+// DeleteAll deletes every checkpoint of the task, unfenced (for
+// operators): DeleteAllFenced with token 0.
+func (c *Checkpoints) DeleteAll(ctx context.Context, taskID string) (n int64, err error) {
+	n, _, err = c.DeleteAllFenced(ctx, taskID, 0)
 	return n, err
+}
+
+// DeleteAllFenced deletes every checkpoint of the task, unless token (> 0)
+// is below the task's fence: then it deletes nothing and returns ok=false
+// (a newer lease holder exists, whose checkpoints must stay). Token 0 is
+// not fenced. See driver.Checkpoints.
+func (c *Checkpoints) DeleteAllFenced(ctx context.Context, taskID string, token int64) (n int64, ok bool, err error) {
+	var aerr error
+	if token < 0 {
+		aerr = fmt.Errorf("%w: negative fencing token", ErrInvalidArgument)
+	}
+	err = c.s.check(ctx, "checkpoint.delete-all", taskID, firstErr(ValidateKey(taskID), aerr), func() (err error) {
+		n, ok, err = c.d.DeleteAll(ctx, taskID, token)
+		return err
+	})
+	return n, ok, err
 }
 
 // Tasks returns the ids of tasks with checkpoints matching the glob.

@@ -212,6 +212,26 @@ type CircuitRecord struct {
 	UpdatedAt   time.Time
 }
 
+// Generation returns the circuit's generation: OpenedAt in Unix
+// milliseconds, 0 if it never opened. It changes every time the circuit
+// opens, and only then; so a half-open circuit, and a circuit closed by
+// its probes, keep the generation of their last opening. An outcome
+// carries the generation of the record its call was admitted on, and the
+// store ignores outcomes of another generation: a late success of a call
+// admitted before the circuit re-opened never closes it, nor ends the
+// probing of the new generation.
+func (r CircuitRecord) Generation() int64 {
+	if r.OpenedAt.IsZero() {
+		return 0
+	}
+	return r.OpenedAt.UnixMilli()
+}
+
+// AnyGeneration, as the generation of RecordFailure or RecordSuccess,
+// applies the outcome to whatever generation the circuit is in
+// (operators, tools).
+const AnyGeneration int64 = -1
+
 // Circuits is the circuit-breaker state driver. An absent circuit is closed
 // with no failures.
 type Circuits interface {
@@ -219,11 +239,19 @@ type Circuits interface {
 	// count reaches threshold (threshold ≥ 1); half-open → open; open stays
 	// open. Opening sets OpenedAt to now and clears the probe slot.
 	// Concurrent calls never lose an increment.
-	RecordFailure(ctx context.Context, name string, threshold int) (CircuitRecord, error)
+	//
+	// gen is the generation (CircuitRecord.Generation) the failing call
+	// was admitted in, or AnyGeneration. If the circuit's generation is
+	// another one (an absent circuit's is 0), the failure belongs to a
+	// generation that is over: nothing changes, and the current record is
+	// returned. The comparison and the change are one atomic step.
+	RecordFailure(ctx context.Context, name string, threshold int, gen int64) (CircuitRecord, error)
 	// RecordSuccess atomically records a success: closed → failures reset;
 	// half-open → closed, failures reset, probe slot cleared; open stays open
-	// (a late success of a call begun before opening proves nothing).
-	RecordSuccess(ctx context.Context, name string) (CircuitRecord, error)
+	// (a late success of a call begun before opening proves nothing). gen
+	// is as for RecordFailure: a success of another generation changes
+	// nothing.
+	RecordSuccess(ctx context.Context, name string, gen int64) (CircuitRecord, error)
 	// TryProbe grants the half-open probe slot to exactly one caller across
 	// the fleet. Open with OpenedAt+openFor passed → half-open, slot to
 	// owner until now+lease, granted. Half-open with the slot lapsed or held
@@ -404,6 +432,23 @@ type CheckpointInput struct {
 // deleted. Sequences continue from the fence record, so they do not
 // restart and checkpoint ids are not reused after Cleanup or DeleteAll.
 //
+// Deletions are fenced too: Cleanup and DeleteAll take the caller's token
+// and delete nothing (ok=false) when the task's fence is above it, so a
+// zombie's late DeleteAll after its successor took over does not delete
+// the successor's checkpoints. Token 0 is not fenced (operators).
+//
+// Deletions are final, also against saves under way: once Cleanup or
+// DeleteAll has returned, no checkpoint it deleted or whose sequence is at
+// or below the newest sequence it deleted (for DeleteAll: every sequence
+// assigned before it) is returned by Load, Latest or List, or makes Tasks
+// list the task — not even a checkpoint whose Save had passed the fence
+// before the deletion and writes it afterwards. (A store whose Save is
+// one atomic write gets this for free; a store whose Save is two writes —
+// the fence record's update, then the checkpoint — keeps the deleted
+// sequences' upper bound in the fence record and its reads skip
+// checkpoints at or below it.) So the next holder of a task whose run
+// succeeded never resumes from a zombie's stale state.
+//
 // A store that implements [Purger] may delete the fence record of a task
 // that has no checkpoint and whose fence has not changed for the lock
 // retention, by the same reasoning as for idle lock records: a lock token
@@ -436,11 +481,16 @@ type Checkpoints interface {
 	// List returns the task's checkpoints in increasing numeric sequence.
 	List(ctx context.Context, taskID string) ([]Checkpoint, error)
 	// Cleanup deletes all but the keep newest checkpoints of the task
-	// (keep ≥ 0) and returns how many it deleted. The fence record stays.
-	Cleanup(ctx context.Context, taskID string, keep int) (int64, error)
-	// DeleteAll deletes every checkpoint of the task. The fence record
-	// stays.
-	DeleteAll(ctx context.Context, taskID string) (int64, error)
+	// (keep ≥ 0) and returns how many it deleted. If token > 0 and the
+	// task's fence is above token, it deletes nothing and returns ok=false
+	// (the caller is a zombie). The check and the deletion act as one
+	// step: a checkpoint saved after a Fence with a greater token is never
+	// deleted by it, whenever its requests arrive. Token 0: not fenced.
+	// The fence record stays.
+	Cleanup(ctx context.Context, taskID string, keep int, token int64) (n int64, ok bool, err error)
+	// DeleteAll deletes every checkpoint of the task, fenced by token as
+	// Cleanup is. The fence record stays.
+	DeleteAll(ctx context.Context, taskID string, token int64) (n int64, ok bool, err error)
 	// Tasks returns the ids of tasks with checkpoints whose id matches
 	// pattern, sorted. A task with a fence record but no checkpoint is not
 	// listed.

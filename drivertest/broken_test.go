@@ -233,6 +233,28 @@ var doubles = []double{
 		},
 	},
 	{
+		// Save in two writes (fence, then checkpoint) with reads that do
+		// not skip the checkpoints a deletion has covered.
+		name:  "checkpoint-late-save-visible",
+		run:   "^Checkpoints$/^(LateSaveHidden|RunAfterZombieSave)$",
+		fails: []string{"Checkpoints/LateSaveHidden", "Checkpoints/RunAfterZombieSave"},
+		wrap:  func(b *broken) { b.cps = twoWriteSave{Checkpoints: b.cps, pausing: pausing{b.prefix}} },
+	},
+	{
+		// Cleanup and DeleteAll ignore the caller's token.
+		name:  "checkpoint-delete-unfenced",
+		run:   "^Checkpoints$/^FencedDelete$",
+		fails: []string{"Checkpoints/FencedDelete"},
+		wrap:  func(b *broken) { b.cps = unfencedDelete{Checkpoints: b.cps} },
+	},
+	{
+		// Deletions check the fence, then delete whatever is there.
+		name:  "checkpoint-delete-two-step",
+		run:   "^Checkpoints$/^LateDeleteSparesSuccessor$",
+		fails: []string{"Checkpoints/LateDeleteSparesSuccessor"},
+		wrap:  func(b *broken) { b.cps = twoStepDelete{Checkpoints: b.cps, pausing: pausing{b.prefix}} },
+	},
+	{
 		// Idempotency claim as get-then-set.
 		name:  "idem-get-then-set",
 		run:   "^(Idempotency|MultiProcess)$/^(ConcurrentClaim|Idempotency)$",
@@ -716,20 +738,136 @@ type fenceForgotten struct {
 	purger driver.Purger
 }
 
-func (c fenceForgotten) DeleteAll(ctx context.Context, task string) (int64, error) {
-	n, err := c.Checkpoints.DeleteAll(ctx, task)
+func (c fenceForgotten) DeleteAll(ctx context.Context, task string, token int64) (int64, bool, error) {
+	n, ok, err := c.Checkpoints.DeleteAll(ctx, task, token)
 	if err == nil {
 		_, err = c.purger.Purge(ctx, 0)
 	}
-	return n, err
+	return n, ok, err
 }
 
-func (c fenceForgotten) Cleanup(ctx context.Context, task string, keep int) (int64, error) {
-	n, err := c.Checkpoints.Cleanup(ctx, task, keep)
+func (c fenceForgotten) Cleanup(ctx context.Context, task string, keep int, token int64) (int64, bool, error) {
+	n, ok, err := c.Checkpoints.Cleanup(ctx, task, keep, token)
 	if err == nil {
 		_, err = c.purger.Purge(ctx, 0)
 	}
-	return n, err
+	return n, ok, err
+}
+
+// cpPauses are the pauses the suite asks of the two-write doubles
+// (drivertest.CheckpointPauser): namespace + task → f.
+var cpPauses sync.Map
+
+type pausing struct{ prefix string }
+
+func (p pausing) PauseCheckpoint(task string, f func()) { cpPauses.Store(p.prefix+task, f) }
+
+func (p pausing) pauseBetween(task string) {
+	if f, ok := cpPauses.LoadAndDelete(p.prefix + task); ok {
+		f.(func())()
+	}
+}
+
+// twoWriteSave saves in two writes, as the MongoDB and DynamoDB stores
+// do — the fence check, then the checkpoint — but its reads do not skip
+// what a deletion has covered: a zombie's save that passed the fence
+// writes its checkpoint after the newer holder's DeleteAll, and it is
+// read back. (The checkpoint is written unfenced, with its token kept
+// aside and put back on reads.)
+type twoWriteSave struct {
+	driver.Checkpoints
+	pausing
+}
+
+func (c twoWriteSave) tokenKey(id string) string { return "twoWriteSave " + c.prefix + id }
+
+func (c twoWriteSave) Save(ctx context.Context, in driver.CheckpointInput) (driver.Checkpoint, bool, error) {
+	if in.Token > 0 {
+		if ok, err := c.Checkpoints.Fence(ctx, in.TaskID, in.Token); err != nil || !ok {
+			return driver.Checkpoint{}, false, err
+		}
+	}
+	c.pauseBetween(in.TaskID)
+	token := in.Token
+	in.Token = 0
+	cp, ok, err := c.Checkpoints.Save(ctx, in)
+	if ok {
+		shared.Lock()
+		shared.m[c.tokenKey(cp.ID)] = token
+		shared.Unlock()
+		cp.Token = token
+	}
+	return cp, ok, err
+}
+
+func (c twoWriteSave) token(cp driver.Checkpoint) driver.Checkpoint {
+	shared.Lock()
+	defer shared.Unlock()
+	if token, ok := shared.m[c.tokenKey(cp.ID)].(int64); ok {
+		cp.Token = token
+	}
+	return cp
+}
+
+func (c twoWriteSave) Load(ctx context.Context, id string) (driver.Checkpoint, bool, error) {
+	cp, found, err := c.Checkpoints.Load(ctx, id)
+	return c.token(cp), found, err
+}
+
+func (c twoWriteSave) Latest(ctx context.Context, task string) (driver.Checkpoint, bool, error) {
+	cp, found, err := c.Checkpoints.Latest(ctx, task)
+	return c.token(cp), found, err
+}
+
+func (c twoWriteSave) List(ctx context.Context, task string) ([]driver.Checkpoint, error) {
+	cps, err := c.Checkpoints.List(ctx, task)
+	for i := range cps {
+		cps[i] = c.token(cps[i])
+	}
+	return cps, err
+}
+
+// unfencedDelete: Cleanup and DeleteAll ignore the caller's token.
+type unfencedDelete struct{ driver.Checkpoints }
+
+func (c unfencedDelete) Cleanup(ctx context.Context, task string, keep int, token int64) (int64, bool, error) {
+	return c.Checkpoints.Cleanup(ctx, task, keep, 0)
+}
+
+func (c unfencedDelete) DeleteAll(ctx context.Context, task string, token int64) (int64, bool, error) {
+	return c.Checkpoints.DeleteAll(ctx, task, 0)
+}
+
+// twoStepDelete checks the fence, then deletes whatever the task holds
+// when the deletion arrives (MongoDB's DeleteAll before fenced
+// deletions): a zombie's deletion that passed the fence deletes the
+// checkpoints its successor saved meanwhile.
+type twoStepDelete struct {
+	driver.Checkpoints
+	pausing
+}
+
+func (c twoStepDelete) check(ctx context.Context, task string, token int64) (bool, error) {
+	if token == 0 {
+		return true, nil
+	}
+	return c.Checkpoints.Fence(ctx, task, token) // a no-op for the holder
+}
+
+func (c twoStepDelete) Cleanup(ctx context.Context, task string, keep int, token int64) (int64, bool, error) {
+	if ok, err := c.check(ctx, task, token); err != nil || !ok {
+		return 0, false, err
+	}
+	c.pauseBetween(task)
+	return c.Checkpoints.Cleanup(ctx, task, keep, 0)
+}
+
+func (c twoStepDelete) DeleteAll(ctx context.Context, task string, token int64) (int64, bool, error) {
+	if ok, err := c.check(ctx, task, token); err != nil || !ok {
+		return 0, false, err
+	}
+	c.pauseBetween(task)
+	return c.Checkpoints.DeleteAll(ctx, task, 0)
 }
 
 // ---------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 package drivertest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/warden-go/warden"
+	"github.com/warden-go/warden/checkpoint"
 	"github.com/warden-go/warden/driver"
 )
 
@@ -25,7 +27,373 @@ func (s *suite) checkpoints(t *testing.T) {
 		{"SequencesContinue", s.cpSequencesContinue},
 		{"FenceConcurrent", s.cpFenceConcurrent},
 		{"Values", s.cpValues},
+		{"LateSaveHidden", s.cpLateSaveHidden},
+		{"FencedDelete", s.cpFencedDelete},
+		{"LateDeleteSparesSuccessor", s.cpLateDelete},
+		{"RunAfterZombieSave", s.cpRunAfterZombieSave},
 	})
+}
+
+// CheckpointPauser is implemented, in test builds, by the checkpoint
+// driver of a store whose Save, Cleanup or DeleteAll is more than one
+// write (the task's fence record, then the checkpoints): PauseCheckpoint
+// makes the next such call for taskID in the store's namespace call f
+// once, after its write of the fence record and before its next write.
+// The suite then runs a newer holder's calls in that window, as they
+// would run while a zombie's request is on its way or the zombie is
+// paused. A store whose calls are one atomic write need not implement it:
+// there is no window, and the suite runs the stalled call to its end
+// first.
+type CheckpointPauser interface {
+	PauseCheckpoint(taskID string, f func())
+}
+
+// stalled runs call, a Save, Cleanup or DeleteAll of task on st, as a
+// request that has passed the task's fence and is stalled before its next
+// write: on a store implementing CheckpointPauser it returns once call is
+// paused there, and resume lets call go on and waits for it to return;
+// on other stores call runs to its end first.
+func stalled(t *testing.T, st *warden.Store, task string, call func()) (resume func()) {
+	t.Helper()
+	p, ok := st.Driver().Checkpoints().(CheckpointPauser)
+	if !ok {
+		call()
+		return func() {}
+	}
+	reached, goOn, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	p.PauseCheckpoint(task, func() {
+		close(reached)
+		<-goOn
+	})
+	go func() {
+		defer close(done)
+		call()
+	}()
+	resume = sync.OnceFunc(func() {
+		close(goOn)
+		<-done
+	})
+	t.Cleanup(resume) // if the check stops before resuming
+	select {
+	case <-reached:
+	case <-done:
+		t.Fatalf("a call on task %q returned without reaching its pause (refused before writing the fence?)", task)
+	}
+	return resume
+}
+
+// cpLateSaveHidden: a zombie's save that passed the fence and stalls, and
+// writes its checkpoint after the newer holder fenced the task, saved and
+// deleted the task's checkpoints (its run succeeded) — or cleaned up
+// older ones — is never returned by Load, Latest or List and does not
+// make Tasks list the task: the next holder starts afresh, not from the
+// zombie's stale state.
+func (s *suite) cpLateSaveHidden(t *testing.T) {
+	ctx := testCtx(t)
+	st, _ := s.open(t)
+	c := st.Checkpoints()
+	save := func(task string, token int64, data string) driver.Checkpoint {
+		t.Helper()
+		cp, ok, err := c.Save(ctx, driver.CheckpointInput{TaskID: task, Token: token, Data: []byte(data)})
+		fatalIf(t, "Save", err)
+		if !ok {
+			t.Fatalf("Save %q with token %d refused", data, token)
+		}
+		return cp
+	}
+	fence := func(task string, token int64) {
+		t.Helper()
+		if ok, err := c.Fence(ctx, task, token); err != nil || !ok {
+			t.Fatalf("Fence %d: ok=%v err=%v", token, ok, err)
+		}
+	}
+	// lateSave is the zombie's stalled save; it returns what the zombie
+	// was told once resumed.
+	lateSave := func(task string) (resume func() (driver.Checkpoint, bool)) {
+		var cp driver.Checkpoint
+		var ok bool
+		var err error
+		r := stalled(t, st, task, func() {
+			cp, ok, err = c.Save(ctx, driver.CheckpointInput{TaskID: task, Token: 5, Data: []byte("a-late")})
+		})
+		return func() (driver.Checkpoint, bool) {
+			r()
+			if err != nil {
+				t.Errorf("the zombie's late save: %v", err)
+			}
+			return cp, ok
+		}
+	}
+	hidden := func(task string, late driver.Checkpoint, ok bool) {
+		t.Helper()
+		cps, err := c.List(ctx, task)
+		fatalIf(t, "List", err)
+		for _, cp := range cps {
+			if string(cp.Data) == "a-late" {
+				t.Errorf("List returns the zombie's late checkpoint %s (token %d)", cp.ID, cp.Token)
+			}
+		}
+		if cp, found, err := c.Latest(ctx, task); err != nil || (found && string(cp.Data) == "a-late") {
+			t.Errorf("Latest = %s %q found=%v err=%v: the zombie's late checkpoint", cp.ID, cp.Data, found, err)
+		}
+		if ok {
+			if cp, found, err := c.Load(ctx, late.ID); err != nil || found {
+				t.Errorf("Load %s = %q found=%v err=%v, want the zombie's late checkpoint absent", late.ID, cp.Data, found, err)
+			}
+		}
+	}
+
+	// The newer holder's run succeeds and deletes the task's checkpoints.
+	const task = "late-save"
+	save(task, 5, "a1")
+	resume := lateSave(task)
+	fence(task, 10)
+	save(task, 10, "b1")
+	if _, ok, err := c.DeleteAllFenced(ctx, task, 10); err != nil || !ok {
+		t.Fatalf("DeleteAllFenced by the holder: ok=%v err=%v", ok, err)
+	}
+	late, ok := resume()
+	hidden(task, late, ok)
+	if cps, err := c.List(ctx, task); err != nil || len(cps) != 0 {
+		t.Errorf("List after the holder's DeleteAll and the zombie's late save: %v err=%v, want none", sequences(cps), err)
+	}
+	for _, p := range []string{task, "late-*", "*"} {
+		tasks, err := c.Tasks(ctx, p)
+		if !errorIf(t, "Tasks", err) {
+			sameKeys(t, fmt.Sprintf("Tasks %q after the late save", p), tasks, []string{})
+		}
+	}
+	// The next holder starts afresh, and its saves are seen.
+	fence(task, 15)
+	if cp, found, err := c.Latest(ctx, task); err != nil || found {
+		t.Errorf("the next holder's Latest = %s %q found=%v err=%v, want none (a fresh start)", cp.ID, cp.Data, found, err)
+	}
+	next := save(task, 15, "c1")
+	if cps, err := c.List(ctx, task); err != nil || len(cps) != 1 || !sameCheckpoint(cps[0], next) {
+		t.Errorf("List after the next holder's save: %v err=%v, want its checkpoint only", sequences(cps), err)
+	}
+	if cp, found, err := c.Load(ctx, next.ID); err != nil || !found || !sameCheckpoint(cp, next) {
+		t.Errorf("Load of the next holder's checkpoint: found=%v err=%v", found, err)
+	}
+	if n, ok, err := c.DeleteAllFenced(ctx, task, 15); err != nil || !ok || n < 1 {
+		t.Errorf("DeleteAllFenced after the late save: n=%d ok=%v err=%v, want the checkpoint (and the late one) deleted", n, ok, err)
+	}
+
+	// The newer holder cleans up older checkpoints while the zombie's save
+	// is on its way.
+	const cleaned = "late-save-cleanup"
+	save(cleaned, 5, "a1")
+	resume = lateSave(cleaned)
+	fence(cleaned, 10)
+	save(cleaned, 10, "b1")
+	b2 := save(cleaned, 10, "b2")
+	if _, ok, err := c.CleanupFenced(ctx, cleaned, 1, 10); err != nil || !ok {
+		t.Fatalf("CleanupFenced by the holder: ok=%v err=%v", ok, err)
+	}
+	late, ok = resume()
+	hidden(cleaned, late, ok)
+	if cps, err := c.List(ctx, cleaned); err != nil || len(cps) != 1 || !sameCheckpoint(cps[0], b2) {
+		t.Errorf("List after Cleanup keeping 1 and the zombie's late save: %v err=%v, want [%d]", sequences(cps), err, b2.Sequence)
+	}
+}
+
+// cpFencedDelete: Cleanup and DeleteAll with a token below the task's
+// fence (a zombie's, after a newer holder fenced) delete nothing and
+// report it; with the fence's token or a greater one, or unfenced (0),
+// they delete.
+func (s *suite) cpFencedDelete(t *testing.T) {
+	ctx := testCtx(t)
+	st, _ := s.open(t)
+	c := st.Checkpoints()
+	const task = "fenced-delete"
+	save := func(token int64) driver.Checkpoint {
+		t.Helper()
+		cp, ok, err := c.Save(ctx, driver.CheckpointInput{TaskID: task, Token: token})
+		fatalIf(t, "Save", err)
+		if !ok {
+			t.Fatalf("Save with token %d refused", token)
+		}
+		return cp
+	}
+	list := func(what string, want ...int64) {
+		t.Helper()
+		cps, err := c.List(ctx, task)
+		fatalIf(t, "List", err)
+		wantSequences(t, what, cps, want...)
+	}
+	save(5)
+	save(5)
+	if ok, err := c.Fence(ctx, task, 10); err != nil || !ok {
+		t.Fatalf("Fence 10: ok=%v err=%v", ok, err)
+	}
+	save(10)
+	if n, ok, err := c.DeleteAllFenced(ctx, task, 5); err != nil || ok || n != 0 {
+		t.Errorf("DeleteAllFenced with token 5 after Fence 10: n=%d ok=%v err=%v, want refused", n, ok, err)
+	}
+	for _, keep := range []int{0, 1} {
+		if n, ok, err := c.CleanupFenced(ctx, task, keep, 9); err != nil || ok || n != 0 {
+			t.Errorf("CleanupFenced keeping %d with token 9 after Fence 10: n=%d ok=%v err=%v, want refused", keep, n, ok, err)
+		}
+	}
+	list("List after the refused deletions", 1, 2, 3)
+	if n, ok, err := c.CleanupFenced(ctx, task, 1, 10); err != nil || !ok || n != 2 {
+		t.Errorf("CleanupFenced keeping 1 with the fence's token: n=%d ok=%v err=%v, want 2 deleted", n, ok, err)
+	}
+	list("List after Cleanup keeping 1", 3)
+	if n, ok, err := c.DeleteAllFenced(ctx, task, 11); err != nil || !ok || n != 1 {
+		t.Errorf("DeleteAllFenced with a token above the fence: n=%d ok=%v err=%v, want 1 deleted", n, ok, err)
+	}
+	// A deletion does not raise the fence.
+	save(10)
+	if n, ok, err := c.CleanupFenced(ctx, task, 0, 0); err != nil || !ok || n != 1 {
+		t.Errorf("unfenced CleanupFenced: n=%d ok=%v err=%v, want 1 deleted", n, ok, err)
+	}
+	save(10)
+	if n, err := c.DeleteAll(ctx, task); err != nil || n != 1 {
+		t.Errorf("unfenced DeleteAll: n=%d err=%v, want 1 deleted", n, err)
+	}
+	list("List after the deletions", []int64{}...)
+	if n, ok, err := c.DeleteAllFenced(ctx, "no-such-task", 3); err != nil || !ok || n != 0 {
+		t.Errorf("DeleteAllFenced of an unknown task: n=%d ok=%v err=%v", n, ok, err)
+	}
+	if n, ok, err := c.CleanupFenced(ctx, "no-such-task", 1, 3); err != nil || !ok || n != 0 {
+		t.Errorf("CleanupFenced of an unknown task: n=%d ok=%v err=%v", n, ok, err)
+	}
+	if _, _, err := c.DeleteAllFenced(ctx, task, -1); !errors.Is(err, warden.ErrInvalidArgument) {
+		t.Errorf("DeleteAllFenced with token -1: err=%v, want ErrInvalidArgument", err)
+	}
+	if _, _, err := c.CleanupFenced(ctx, task, 1, -1); !errors.Is(err, warden.ErrInvalidArgument) {
+		t.Errorf("CleanupFenced with token -1: err=%v, want ErrInvalidArgument", err)
+	}
+}
+
+// cpLateDelete: a zombie's DeleteAll or Cleanup that passed the fence and
+// stalls before deleting deletes only what it covered when it passed:
+// never the checkpoints a newer holder saves after fencing the task.
+func (s *suite) cpLateDelete(t *testing.T) {
+	ctx := testCtx(t)
+	st, _ := s.open(t)
+	c := st.Checkpoints()
+	save := func(task string, token int64) driver.Checkpoint {
+		t.Helper()
+		cp, ok, err := c.Save(ctx, driver.CheckpointInput{TaskID: task, Token: token, Data: []byte(fmt.Sprint(token))})
+		fatalIf(t, "Save", err)
+		if !ok {
+			t.Fatalf("Save with token %d refused", token)
+		}
+		return cp
+	}
+	fence := func(task string, token int64) {
+		t.Helper()
+		if ok, err := c.Fence(ctx, task, token); err != nil || !ok {
+			t.Fatalf("Fence %d: ok=%v err=%v", token, ok, err)
+		}
+	}
+
+	const task = "late-delete"
+	save(task, 5)
+	save(task, 5)
+	var ok bool
+	var err error
+	resume := stalled(t, st, task, func() { _, ok, err = c.DeleteAllFenced(ctx, task, 5) })
+	fence(task, 10)
+	b1 := save(task, 10)
+	resume()
+	if err != nil || !ok {
+		t.Errorf("the zombie's DeleteAllFenced that passed the fence first: ok=%v err=%v, want done", ok, err)
+	}
+	cps, lerr := c.List(ctx, task)
+	fatalIf(t, "List", lerr)
+	if len(cps) != 1 || !sameCheckpoint(cps[0], b1) {
+		t.Errorf("List after the zombie's late DeleteAll: %v, want the newer holder's checkpoint %d only", sequences(cps), b1.Sequence)
+	}
+	if cp, found, err := c.Latest(ctx, task); err != nil || !found || !sameCheckpoint(cp, b1) {
+		t.Errorf("Latest after the zombie's late DeleteAll = %s found=%v err=%v, want %s", cp.ID, found, err, b1.ID)
+	}
+
+	const cleaned = "late-cleanup"
+	save(cleaned, 5)
+	save(cleaned, 5)
+	a3 := save(cleaned, 5)
+	resume = stalled(t, st, cleaned, func() { _, ok, err = c.CleanupFenced(ctx, cleaned, 1, 5) })
+	fence(cleaned, 10)
+	b4, b5 := save(cleaned, 10), save(cleaned, 10)
+	resume()
+	if err != nil || !ok {
+		t.Errorf("the zombie's CleanupFenced that passed the fence first: ok=%v err=%v, want done", ok, err)
+	}
+	cps, lerr = c.List(ctx, cleaned)
+	fatalIf(t, "List", lerr)
+	wantSequences(t, "List after the zombie's late Cleanup keeping 1", cps, a3.Sequence, b4.Sequence, b5.Sequence)
+}
+
+// cpRunAfterZombieSave: through checkpoint.Run, on two stores like two
+// processes. Worker A saves, and its next save passes the fence and
+// stalls on its way to the store; A's lock is force-released; worker B
+// takes over, saves and succeeds (deleting the task's checkpoints); then
+// A's save lands. The next Run of the task starts afresh: it does not
+// resume from A's stale state.
+func (s *suite) cpRunAfterZombieSave(t *testing.T) {
+	ctx := testCtx(t)
+	stA, prefix := s.open(t)
+	stB := s.openPrefix(t, prefix)
+	const task = "run-zombie"
+	opts := &checkpoint.Options{Lock: true}
+
+	cursorA := make(chan *checkpoint.Cursor[string])
+	bDone := make(chan struct{})
+	aRun := make(chan error, 1)
+	go func() {
+		aRun <- checkpoint.Run(ctx, stA, task, func(ctx context.Context, cp *checkpoint.Cursor[string]) error {
+			if err := cp.Save(ctx, "a1", 10); err != nil {
+				return err
+			}
+			cursorA <- cp
+			<-bDone
+			return errInjected
+		}, opts)
+	}()
+	var cpA *checkpoint.Cursor[string]
+	select {
+	case cpA = <-cursorA:
+	case err := <-aRun:
+		t.Fatalf("worker A: %v", err)
+	}
+	defer func() {
+		close(bDone)
+		if err := <-aRun; err == nil {
+			t.Errorf("worker A's Run returned nil after losing its lease")
+		}
+	}()
+	var lateErr error
+	// Without cancellation: the request is already on its way.
+	resume := stalled(t, stA, task, func() { lateErr = cpA.Save(context.WithoutCancel(ctx), "a-late", 20) })
+
+	if ok, err := stB.Locks().ForceRelease(ctx, checkpoint.LockKey(task)); err != nil || !ok {
+		t.Fatalf("ForceRelease of A's lock: ok=%v err=%v", ok, err)
+	}
+	err := checkpoint.Run(ctx, stB, task, func(ctx context.Context, cp *checkpoint.Cursor[string]) error {
+		if !cp.Resumed() {
+			return errors.New("worker B did not resume from A's checkpoint")
+		}
+		return cp.Save(ctx, "b1", 100)
+	}, opts)
+	fatalIf(t, "worker B's Run", err)
+	resume()
+	if lateErr != nil && !errors.Is(lateErr, checkpoint.ErrStale) {
+		t.Errorf("A's late save: %v", lateErr)
+	}
+
+	if state, cp, err := checkpoint.Latest[string](ctx, stB, task, nil); !errors.Is(err, checkpoint.ErrNotFound) {
+		t.Errorf("after B's success and A's late save, Latest = %q (%s, token %d), err=%v; want ErrNotFound", state, cp.ID, cp.Token, err)
+	}
+	err = checkpoint.Run(ctx, stB, task, func(ctx context.Context, cp *checkpoint.Cursor[string]) error {
+		if state, ok := cp.State(); ok {
+			return fmt.Errorf("the next run resumed from %q, a zombie's stale state", state)
+		}
+		return nil
+	}, opts)
+	errorIf(t, "the next Run", err)
 }
 
 // sameCheckpoint compares two checkpoints.

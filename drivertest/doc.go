@@ -94,6 +94,14 @@
 // and the Portable checks that start child processes) are skipped when
 // Harness.URL is nil.
 //
+// A store whose checkpoint Save, Cleanup or DeleteAll is more than one
+// write (the task's fence record, then the checkpoints) should implement
+// [CheckpointPauser] in a _test.go file of its package, so that the checks
+// of late writes (Checkpoints/LateSaveHidden, LateDeleteSparesSuccessor,
+// RunAfterZombieSave) can run a newer holder's calls between its two
+// writes. Without it they run the stalled call to its end first, which
+// only proves something for a store whose calls are atomic.
+//
 // Lists (Locks.List, Circuits.List, Cache.Keys, Idempotency.List,
 // Checkpoints.Tasks) must be sorted in byte order, the order of Go's string
 // comparison; SQL stores need a binary collation for that as for case

@@ -409,12 +409,12 @@ func (c rpcCheckpoints) List(ctx context.Context, task string) (cps []driver.Che
 	err = c.s.do(ctx, "Checkpoints.List", task)(&cps)
 	return
 }
-func (c rpcCheckpoints) Cleanup(ctx context.Context, task string, keep int) (n int64, err error) {
-	err = c.s.do(ctx, "Checkpoints.Cleanup", task, keep)(&n)
+func (c rpcCheckpoints) Cleanup(ctx context.Context, task string, keep int, token int64) (n int64, ok bool, err error) {
+	err = c.s.do(ctx, "Checkpoints.Cleanup", task, keep, token)(&n, &ok)
 	return
 }
-func (c rpcCheckpoints) DeleteAll(ctx context.Context, task string) (n int64, err error) {
-	err = c.s.do(ctx, "Checkpoints.DeleteAll", task)(&n)
+func (c rpcCheckpoints) DeleteAll(ctx context.Context, task string, token int64) (n int64, ok bool, err error) {
+	err = c.s.do(ctx, "Checkpoints.DeleteAll", task, token)(&n, &ok)
 	return
 }
 func (c rpcCheckpoints) Tasks(ctx context.Context, p driver.Pattern) (ids []string, err error) {

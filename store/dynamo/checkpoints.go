@@ -2,8 +2,11 @@ package dynamo
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
@@ -15,8 +18,37 @@ import (
 // zero-padded to 19 digits so that one Query returns them in numeric
 // order; they carry seq, time, progress, data, eta and token. The task's
 // fence item (same pk, sk FENCE) holds the fence token, the last sequence
-// assigned (seq) and updatedAt.
+// assigned (seq), updatedAt and deletedThrough.
+//
+// A save is two writes, so a save that passed the fence may put its
+// checkpoint after a later Fence, and even after the new holder's
+// DeleteAll. Deletions therefore first raise the fence item's
+// deletedThrough to the highest sequence they delete (conditional on
+// fence ≤ token, which is the deletion's fence check), then delete; reads
+// (Load, Latest, List, Tasks) read deletedThrough after the checkpoints
+// and skip those at or below it. A late put is then never seen, and the
+// next deletion removes it.
 type checkpoints struct{ s *store }
+
+// aDone is the fence item's deletedThrough: every checkpoint with a
+// sequence at or below it is deleted (or, written late, to be ignored and
+// deleted).
+const aDone = "deletedThrough"
+
+// errCheckpointRace is returned when a deletion's conditional update
+// failed on every attempt (extremely contended).
+var errCheckpointRace = errors.New("dynamo: checkpoint fence changed on every attempt; try again")
+
+// pauses holds test hooks (set by export_test.go): checkpoint pk → a
+// function that the task's next Save, Cleanup or DeleteAll calls once,
+// between its write of the fence item and its next write.
+var pauses sync.Map
+
+func pauseBetween(pk string) {
+	if f, ok := pauses.LoadAndDelete(pk); ok {
+		f.(func())()
+	}
+}
 
 const (
 	seqFrom = "0000000000000000000"
@@ -40,7 +72,9 @@ func (c checkpoints) rec(task string, it item) driver.Checkpoint {
 // share one); then one PutItem writes the checkpoint. A save whose fence
 // update passed before another holder's Fence may land its checkpoint
 // after that Fence returns (DynamoDB transactions would close the window,
-// but not every endpoint has them).
+// but not every endpoint has them): it has an older sequence than the new
+// holder's saves, and if a deletion has covered its sequence meanwhile,
+// reads ignore it (see checkpoints).
 func (c checkpoints) Save(ctx context.Context, in driver.CheckpointInput) (driver.Checkpoint, bool, error) {
 	s := c.s
 	pk := s.cpPfx + in.TaskID
@@ -68,6 +102,7 @@ func (c checkpoints) Save(ctx context.Context, in driver.CheckpointInput) (drive
 		}
 		attrs = old
 	}
+	pauseBetween(pk)
 	seq := gN(attrs, aSeq)
 	it := itemKey(pk, seqSK(seq))
 	it[aSeq], it[aTime], it[aProgress], it[aToken] = vN(seq), vN(now), vF(in.Progress), vN(in.Token)
@@ -92,98 +127,191 @@ func (c checkpoints) Fence(ctx context.Context, taskID string, token int64) (boo
 	return err == nil && !failed, err
 }
 
-// Load implements driver.Checkpoints: one consistent GetItem.
+// floor returns the task's deletedThrough (0 without a fence item), read
+// with one consistent GetItem. Readers call it after reading checkpoints:
+// a checkpoint at or below it was deleted, or is a late write of a save
+// that a deletion overtook.
+func (c checkpoints) floor(ctx context.Context, pk string) (int64, error) {
+	it, err := c.s.get(ctx, "reading checkpoint fence", pk, fenceSK)
+	return gN(it, aDone), err
+}
+
+// Load implements driver.Checkpoints: one consistent GetItem, then the
+// task's deletedThrough.
 func (c checkpoints) Load(ctx context.Context, id string) (driver.Checkpoint, bool, error) {
 	task, seq, ok := driver.ParseCheckpointID(id)
 	if !ok {
 		return driver.Checkpoint{}, false, nil
 	}
-	it, err := c.s.get(ctx, "loading checkpoint", c.s.cpPfx+task, seqSK(seq))
+	pk := c.s.cpPfx + task
+	it, err := c.s.get(ctx, "loading checkpoint", pk, seqSK(seq))
 	if err != nil || it == nil {
+		return driver.Checkpoint{}, false, err
+	}
+	fl, err := c.floor(ctx, pk)
+	if err != nil || seq <= fl {
 		return driver.Checkpoint{}, false, err
 	}
 	return c.rec(task, it), true, nil
 }
 
-// Latest implements driver.Checkpoints: one Query, newest first, Limit 1.
+// Latest implements driver.Checkpoints: one Query, newest first, Limit 1,
+// then the task's deletedThrough; if that covers it (a late write), the
+// newest one above deletedThrough, and so on.
 func (c checkpoints) Latest(ctx context.Context, taskID string) (driver.Checkpoint, bool, error) {
-	var cp driver.Checkpoint
-	found := false
-	err := c.s.query(ctx, "loading latest checkpoint", c.s.cpPfx+taskID, seqFrom, seqTo, false, 1, func(it item) (bool, error) {
-		cp, found = c.rec(taskID, it), true
-		return false, nil
-	})
-	return cp, found && err == nil, err
+	pk := c.s.cpPfx + taskID
+	var above int64
+	for range 100 {
+		var cp driver.Checkpoint
+		found := false
+		err := c.s.query(ctx, "loading latest checkpoint", pk, seqSK(above+1), seqTo, false, 1, func(it item) (bool, error) {
+			cp, found = c.rec(taskID, it), true
+			return false, nil
+		})
+		if err != nil || !found {
+			return driver.Checkpoint{}, false, err
+		}
+		fl, err := c.floor(ctx, pk)
+		if err != nil {
+			return driver.Checkpoint{}, false, err
+		}
+		if cp.Sequence > fl {
+			return cp, true, nil
+		}
+		above = fl
+	}
+	return driver.Checkpoint{}, false, errCheckpointRace
 }
 
 // List implements driver.Checkpoints: a Query of the task's partition in
-// sequence order, every page.
+// sequence order, every page, then the task's deletedThrough, which
+// filters them.
 func (c checkpoints) List(ctx context.Context, taskID string) ([]driver.Checkpoint, error) {
+	pk := c.s.cpPfx + taskID
 	var out []driver.Checkpoint
-	err := c.s.query(ctx, "listing checkpoints", c.s.cpPfx+taskID, seqFrom, seqTo, true, 0, func(it item) (bool, error) {
+	err := c.s.query(ctx, "listing checkpoints", pk, seqFrom, seqTo, true, 0, func(it item) (bool, error) {
 		out = append(out, c.rec(taskID, it))
 		return true, nil
 	})
-	return out, err
+	if err != nil {
+		return nil, err
+	}
+	fl, err := c.floor(ctx, pk)
+	if err != nil {
+		return nil, err
+	}
+	return slices.DeleteFunc(out, func(cp driver.Checkpoint) bool { return cp.Sequence <= fl }), nil
 }
 
-// Cleanup implements driver.Checkpoints: a Query newest first, then
-// BatchWriteItem deletes of all but the keep newest.
-func (c checkpoints) Cleanup(ctx context.Context, taskID string, keep int) (int64, error) {
-	return c.deleteOlder(ctx, taskID, keep)
+// Cleanup implements driver.Checkpoints: one consistent GetItem of the
+// fence item (refused if fence > token); for keep > 0 a Query newest
+// first finds the newest sequence to drop; one UpdateItem raises
+// deletedThrough to it under fence ≤ token (a failed condition: look
+// again — refused if a newer holder fenced meanwhile); then a Query of the
+// keys at or below it and BatchWriteItem deletes.
+func (c checkpoints) Cleanup(ctx context.Context, taskID string, keep int, token int64) (int64, bool, error) {
+	return c.deleteThrough(ctx, taskID, keep, token)
 }
 
-// DeleteAll implements driver.Checkpoints.
-func (c checkpoints) DeleteAll(ctx context.Context, taskID string) (int64, error) {
-	return c.deleteOlder(ctx, taskID, 0)
+// DeleteAll implements driver.Checkpoints as Cleanup keeping none: the
+// sequence to delete through is the fence item's seq.
+func (c checkpoints) DeleteAll(ctx context.Context, taskID string, token int64) (int64, bool, error) {
+	return c.deleteThrough(ctx, taskID, 0, token)
 }
 
-func (c checkpoints) deleteOlder(ctx context.Context, taskID string, keep int) (int64, error) {
+func (c checkpoints) deleteThrough(ctx context.Context, taskID string, keep int, token int64) (int64, bool, error) {
 	s := c.s
 	pk := s.cpPfx + taskID
-	var keys []item
-	n := 0
-	err := s.query(ctx, "listing checkpoints", pk, seqFrom, seqTo, false, 0, func(it item) (bool, error) {
-		n++
-		if n > keep {
-			keys = append(keys, itemKey(pk, gS(it, aSk)))
+	for range 100 {
+		f, err := s.get(ctx, "reading checkpoint fence", pk, fenceSK)
+		if err != nil {
+			return 0, false, err
 		}
-		return true, nil
-	})
-	if err != nil {
-		return 0, err
+		if f == nil {
+			return 0, true, nil // saves write the fence item first: no checkpoint
+		}
+		if token > 0 && gN(f, aFence) > token {
+			return 0, false, nil
+		}
+		done, through := gN(f, aDone), gN(f, aSeq)
+		if keep > 0 {
+			through = done // only late writes to remove, unless keep are above it
+			n := 0
+			err := s.query(ctx, "listing checkpoints", pk, seqSK(done+1), seqTo, false, 0, func(it item) (bool, error) {
+				if n++; n > keep {
+					through = gN(it, aSeq)
+					return false, nil
+				}
+				return true, nil
+			})
+			if err != nil {
+				return 0, false, err
+			}
+		}
+		if through > done {
+			cond := "attribute_exists(#seq) AND (attribute_not_exists(#deletedThrough) OR #deletedThrough < :thru)"
+			if token > 0 {
+				cond += " AND #fence <= :tok"
+			}
+			_, failed, _, err := s.update(ctx, "deleting checkpoints", pk, fenceSK, "SET #deletedThrough = :thru", cond,
+				item{":thru": vN(through), ":tok": vN(token)}, types.ReturnValueNone)
+			if err != nil {
+				return 0, false, err
+			}
+			if failed {
+				continue // fenced or deleted further meanwhile: look again
+			}
+		}
+		pauseBetween(pk)
+		var keys []item
+		err = s.query(ctx, "listing checkpoints", pk, seqFrom, seqSK(through), true, 0, func(it item) (bool, error) {
+			keys = append(keys, itemKey(pk, gS(it, aSk)))
+			return true, nil
+		})
+		if err != nil {
+			return 0, false, err
+		}
+		if err := s.deleteKeys(ctx, "deleting checkpoints", keys); err != nil {
+			return 0, false, err
+		}
+		return int64(len(keys)), true, nil
 	}
-	if err := s.deleteKeys(ctx, "deleting checkpoints", keys); err != nil {
-		return 0, err
-	}
-	return int64(len(keys)), nil
+	return 0, false, errCheckpointRace
 }
 
-// Tasks implements driver.Checkpoints: a filtered Scan (see locks.List).
+// Tasks implements driver.Checkpoints: a filtered Scan (see locks.List)
+// that reads the fence items too; a task is listed if it has a checkpoint
+// above its fence item's deletedThrough. (A Scan that starts after a
+// deletion returned reads a deletedThrough that covers every late write
+// of the deletion's sequences, in whatever order it reads the items.) A
+// literal pattern is one task's Latest.
 func (c checkpoints) Tasks(ctx context.Context, pattern driver.Pattern) ([]string, error) {
 	s := c.s
 	if lit, ok := pattern.Literal(); ok {
-		found := false
-		err := s.query(ctx, "listing tasks", s.cpPfx+lit, seqFrom, seqTo, true, 1, func(item) (bool, error) {
-			found = true
-			return false, nil
-		})
+		_, found, err := c.Latest(ctx, lit)
 		if err != nil || !found {
 			return []string{}, err
 		}
 		return []string{lit}, nil
 	}
-	seen := map[string]bool{}
+	top := map[string]int64{}   // task → its highest sequence
+	floor := map[string]int64{} // task → its deletedThrough
 	err := s.scan(ctx, "listing tasks", func(it item) error {
 		t, ok := cutPrefix(gS(it, aPk), s.cpPfx)
-		if ok && gS(it, aSk) != fenceSK && pattern.Match(t) {
-			seen[t] = true
+		switch {
+		case !ok || !pattern.Match(t):
+		case gS(it, aSk) == fenceSK:
+			floor[t] = gN(it, aDone)
+		default:
+			top[t] = max(top[t], gN(it, aSeq))
 		}
 		return nil
 	}, s.cpPfx+pattern.Prefix())
-	out := make([]string, 0, len(seen))
-	for t := range seen {
-		out = append(out, t)
+	out := make([]string, 0, len(top))
+	for t, seq := range top {
+		if seq > floor[t] {
+			out = append(out, t)
+		}
 	}
 	sort.Strings(out)
 	return out, err

@@ -154,20 +154,32 @@ func (c *checkpoints) List(ctx context.Context, taskID string) ([]driver.Checkpo
 	return out, nil
 }
 
-// Cleanup deletes all but the keep newest checkpoints of the task.
-func (c *checkpoints) Cleanup(ctx context.Context, taskID string, keep int) (int64, error) {
+// fenced reports whether a deletion with token may proceed: token 0, or
+// not below the task's fence; db.mu is held.
+func fenced(sp *space, taskID string, token int64) bool {
+	f := sp.fences[taskID]
+	return token == 0 || f == nil || token >= f.token
+}
+
+// Cleanup deletes all but the keep newest checkpoints of the task, unless
+// token (> 0) is below the task's fence. Saves are atomic here, so no save
+// can land after the deletion.
+func (c *checkpoints) Cleanup(ctx context.Context, taskID string, keep int, token int64) (int64, bool, error) {
 	s := c.s()
 	sp, _, err := s.begin(ctx)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	defer s.end()
+	if !fenced(sp, taskID, token) {
+		return 0, false, nil
+	}
 	cps := sp.tasks[taskID]
 	if keep < 0 {
 		keep = 0
 	}
 	if len(cps) <= keep {
-		return 0, nil
+		return 0, true, nil
 	}
 	n := len(cps) - keep
 	if keep == 0 {
@@ -175,20 +187,24 @@ func (c *checkpoints) Cleanup(ctx context.Context, taskID string, keep int) (int
 	} else {
 		sp.tasks[taskID] = append([]driver.Checkpoint(nil), cps[n:]...)
 	}
-	return int64(n), nil
+	return int64(n), true, nil
 }
 
-// DeleteAll deletes every checkpoint of the task.
-func (c *checkpoints) DeleteAll(ctx context.Context, taskID string) (int64, error) {
+// DeleteAll deletes every checkpoint of the task, unless token (> 0) is
+// below the task's fence.
+func (c *checkpoints) DeleteAll(ctx context.Context, taskID string, token int64) (int64, bool, error) {
 	s := c.s()
 	sp, _, err := s.begin(ctx)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	defer s.end()
+	if !fenced(sp, taskID, token) {
+		return 0, false, nil
+	}
 	n := len(sp.tasks[taskID])
 	delete(sp.tasks, taskID)
-	return int64(n), nil
+	return int64(n), true, nil
 }
 
 // Tasks returns the ids of tasks with checkpoints matching pattern, sorted.

@@ -3,8 +3,10 @@ package mongo
 import (
 	"context"
 	"errors"
+	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/warden-go/warden/driver"
@@ -27,7 +29,27 @@ import (
 // checkpoint's insert. A task without a fence document (a new task, or
 // checkpoints written by the go-go-scope adapter) gets one first, starting
 // from its checkpoints' highest sequence and token.
+//
+// Because a save is two writes, a save that passed the fence may insert
+// its checkpoint after a later Fence, and even after the new holder's
+// DeleteAll. Deletions therefore first raise the fence document's
+// deletedThrough to the highest sequence they delete (conditional on
+// fenceToken ≤ token, which is the deletion's fence check), then delete;
+// reads (Load, Latest, List, Tasks) read deletedThrough after the
+// checkpoints and skip those at or below it. A late insert is then never
+// seen, and the next deletion removes it.
 type checkpoints struct{ s *store }
+
+// pauses holds test hooks (set by export_test.go): stored task id → a
+// function that the task's next Save, Cleanup or DeleteAll calls once,
+// between its write of the fence document and its next write.
+var pauses sync.Map
+
+func pauseBetween(task string) {
+	if f, ok := pauses.LoadAndDelete(task); ok {
+		f.(func())()
+	}
+}
 
 type cpDoc struct {
 	TaskID   string  `bson:"taskId"`
@@ -42,6 +64,9 @@ type cpDoc struct {
 type fenceDoc struct {
 	FenceToken   int64 `bson:"fenceToken"`
 	LastSequence int64 `bson:"lastSequence"`
+	// DeletedThrough: every checkpoint with a sequence at or below it is
+	// deleted (or, written late, to be ignored and deleted).
+	DeletedThrough int64 `bson:"deletedThrough"`
 }
 
 func (c checkpoints) cp(d *cpDoc) driver.Checkpoint {
@@ -135,6 +160,7 @@ func (c checkpoints) Save(ctx context.Context, in driver.CheckpointInput) (drive
 		if err != nil || !ok {
 			return driver.Checkpoint{}, false, err
 		}
+		pauseBetween(s.prefix + in.TaskID)
 		t := now()
 		d := cpDoc{TaskID: s.prefix + in.TaskID, Sequence: f.LastSequence, Time: t.UnixMilli(), Progress: in.Progress,
 			Data: nonNil(in.Data), ETA: driver.Millis(in.ETA), Token: in.Token}
@@ -176,71 +202,202 @@ func (c checkpoints) one(ctx context.Context, filter bson.D, o *options.FindOneO
 	return c.cp(&d), true, nil
 }
 
-// Load implements driver.Checkpoints.
+// floor returns the task's deletedThrough (0 without a fence document).
+// Readers call it after reading checkpoints: a checkpoint at or below it
+// was deleted, or is a late write of a save that a deletion overtook.
+func (c checkpoints) floor(ctx context.Context, taskID string) (int64, error) {
+	var d fenceDoc
+	err := c.s.fences.FindOne(ctx, c.fenceKey(taskID), options.FindOne().SetProjection(set("deletedThrough", 1))).Decode(&d)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, ctxErr(ctx, err)
+	}
+	return d.DeletedThrough, nil
+}
+
+// Load implements driver.Checkpoints: the checkpoint, then the task's
+// deletedThrough.
 func (c checkpoints) Load(ctx context.Context, id string) (driver.Checkpoint, bool, error) {
 	task, seq, ok := driver.ParseCheckpointID(id)
 	if !ok {
 		return driver.Checkpoint{}, false, nil
 	}
-	return c.one(ctx, c.cpKey(task, seq), options.FindOne())
+	cp, found, err := c.one(ctx, c.cpKey(task, seq), options.FindOne())
+	if err != nil || !found {
+		return driver.Checkpoint{}, false, err
+	}
+	fl, err := c.floor(ctx, task)
+	if err != nil || cp.Sequence <= fl {
+		return driver.Checkpoint{}, false, err
+	}
+	return cp, true, nil
 }
 
-// Latest implements driver.Checkpoints.
+// Latest implements driver.Checkpoints: the checkpoint with the highest
+// sequence, then the task's deletedThrough; if that covers it (a late
+// write), the highest one above deletedThrough, and so on.
 func (c checkpoints) Latest(ctx context.Context, taskID string) (driver.Checkpoint, bool, error) {
-	return c.one(ctx, c.task(taskID), options.FindOne().SetSort(set("sequence", -1)))
+	var above int64
+	for range retryLimit {
+		f := append(c.task(taskID), bson.E{Key: "sequence", Value: set("$gt", above)})
+		cp, found, err := c.one(ctx, f, options.FindOne().SetSort(set("sequence", -1)))
+		if err != nil || !found {
+			return driver.Checkpoint{}, false, err
+		}
+		fl, err := c.floor(ctx, taskID)
+		if err != nil {
+			return driver.Checkpoint{}, false, err
+		}
+		if cp.Sequence > fl {
+			return cp, true, nil
+		}
+		above = fl
+	}
+	return driver.Checkpoint{}, false, errBusy
 }
 
-// List implements driver.Checkpoints.
+// List implements driver.Checkpoints: the checkpoints, then the task's
+// deletedThrough, which filters them.
 func (c checkpoints) List(ctx context.Context, taskID string) ([]driver.Checkpoint, error) {
 	var out []driver.Checkpoint
 	err := findAll(ctx, c.s.cps, c.task(taskID), nil, func(d *cpDoc) { out = append(out, c.cp(d)) })
+	if err != nil {
+		return nil, err
+	}
+	fl, err := c.floor(ctx, taskID)
+	if err != nil {
+		return nil, err
+	}
+	out = slices.DeleteFunc(out, func(cp driver.Checkpoint) bool { return cp.Sequence <= fl })
 	sort.Slice(out, func(i, j int) bool { return out[i].Sequence < out[j].Sequence })
-	return out, err
+	return out, nil
 }
 
-// Cleanup implements driver.Checkpoints.
-func (c checkpoints) Cleanup(ctx context.Context, taskID string, keep int) (int64, error) {
+// Cleanup implements driver.Checkpoints: read the fence document (refused
+// if fenceToken > token), find the newest sequence to drop, raise
+// deletedThrough to it with one update filtered on fenceToken ≤ token
+// (refused if that matches nothing: a newer holder fenced meanwhile),
+// then delete the checkpoints at or below it: 3–4 round trips.
+func (c checkpoints) Cleanup(ctx context.Context, taskID string, keep int, token int64) (int64, bool, error) {
+	return c.deleteThrough(ctx, taskID, keep, token)
+}
+
+// DeleteAll implements driver.Checkpoints as Cleanup keeping none: the
+// sequence to delete through is the fence document's lastSequence.
+func (c checkpoints) DeleteAll(ctx context.Context, taskID string, token int64) (int64, bool, error) {
+	return c.deleteThrough(ctx, taskID, 0, token)
+}
+
+func (c checkpoints) deleteThrough(ctx context.Context, taskID string, keep int, token int64) (int64, bool, error) {
 	s := c.s
-	f := c.task(taskID)
-	if keep > 0 {
-		var d cpDoc
-		err := s.cps.FindOne(ctx, f, options.FindOne().SetSort(set("sequence", -1)).SetSkip(int64(keep)).
-			SetProjection(set("sequence", 1))).Decode(&d)
+	for range retryLimit {
+		var fd fenceDoc
+		err := s.fences.FindOne(ctx, c.fenceKey(taskID)).Decode(&fd)
 		if errors.Is(err, mongo.ErrNoDocuments) {
-			return 0, nil
+			// No fence document: no checkpoint, or only checkpoints
+			// written without one (go-go-scope), which get one first.
+			err = s.cps.FindOne(ctx, c.task(taskID), options.FindOne().SetProjection(set("sequence", 1))).Err()
+			if errors.Is(err, mongo.ErrNoDocuments) {
+				return 0, true, nil
+			}
+			if err == nil {
+				err = c.initFence(ctx, taskID, now())
+			}
+			if err != nil {
+				return 0, false, ctxErr(ctx, err)
+			}
+			continue
 		}
 		if err != nil {
-			return 0, ctxErr(ctx, err)
+			return 0, false, ctxErr(ctx, err)
 		}
-		f = append(f, bson.E{Key: "sequence", Value: set("$lte", d.Sequence)})
+		if token > 0 && fd.FenceToken > token {
+			return 0, false, nil
+		}
+		through := fd.LastSequence
+		if keep > 0 {
+			var d cpDoc
+			err := s.cps.FindOne(ctx, append(c.task(taskID), bson.E{Key: "sequence", Value: set("$gt", fd.DeletedThrough)}),
+				options.FindOne().SetSort(set("sequence", -1)).SetSkip(int64(keep)).SetProjection(set("sequence", 1))).Decode(&d)
+			switch {
+			case errors.Is(err, mongo.ErrNoDocuments):
+				through = fd.DeletedThrough // only late writes to remove
+			case err != nil:
+				return 0, false, ctxErr(ctx, err)
+			default:
+				through = d.Sequence
+			}
+		}
+		if through > fd.DeletedThrough {
+			f := c.fenceKey(taskID)
+			if token > 0 {
+				f = append(f, bson.E{Key: "fenceToken", Value: set("$lte", token)})
+			}
+			res, err := s.fences.UpdateOne(ctx, f, bson.D{{Key: "$max", Value: set("deletedThrough", through)}})
+			if err != nil {
+				return 0, false, ctxErr(ctx, err)
+			}
+			if res.MatchedCount == 0 {
+				continue // fenced meanwhile (refused on the next look) or purged
+			}
+		}
+		pauseBetween(s.prefix + taskID)
+		res, err := s.cps.DeleteMany(ctx, append(c.task(taskID), bson.E{Key: "sequence", Value: set("$lte", through)}))
+		if err != nil {
+			return 0, false, ctxErr(ctx, err)
+		}
+		return res.DeletedCount, true, nil
 	}
-	res, err := s.cps.DeleteMany(ctx, f)
-	if err != nil {
-		return 0, ctxErr(ctx, err)
-	}
-	return res.DeletedCount, nil
+	return 0, false, errBusy
 }
 
-// DeleteAll implements driver.Checkpoints. The fence document stays.
-func (c checkpoints) DeleteAll(ctx context.Context, taskID string) (int64, error) {
-	res, err := c.s.cps.DeleteMany(ctx, c.task(taskID))
-	if err != nil {
-		return 0, ctxErr(ctx, err)
-	}
-	return res.DeletedCount, nil
-}
-
-// Tasks implements driver.Checkpoints.
+// Tasks implements driver.Checkpoints: the task ids and sequences of the
+// namespace's checkpoints (an index range), then the deletedThrough of
+// those tasks (one find by _id per 500 tasks); a task is listed if it has
+// a checkpoint above its deletedThrough.
 func (c checkpoints) Tasks(ctx context.Context, pattern driver.Pattern) ([]string, error) {
 	s := c.s
-	seen := map[string]bool{}
-	var out []string
-	err := findAll(ctx, s.cps, s.keyRange("taskId", s.prefix+pattern.Prefix()), set("taskId", 1), func(d *cpDoc) {
-		if id, ok := strings.CutPrefix(d.TaskID, s.prefix); ok && !seen[id] && pattern.Match(id) {
-			seen[id] = true
-			out = append(out, id)
+	top := map[string]int64{} // task → its highest sequence
+	err := findAll(ctx, s.cps, s.keyRange("taskId", s.prefix+pattern.Prefix()), set("taskId", 1, "sequence", 1), func(d *cpDoc) {
+		if id, ok := strings.CutPrefix(d.TaskID, s.prefix); ok && pattern.Match(id) {
+			top[id] = max(top[id], d.Sequence)
 		}
 	})
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]string, 0, len(top))
+	for id := range top {
+		ids = append(ids, id)
+	}
+	floors := map[string]int64{}
+	for chunk := range slices.Chunk(ids, 500) {
+		byDoc := make(map[string]string, len(chunk))
+		in := make(bson.A, 0, len(chunk))
+		for _, id := range chunk {
+			doc := s.docID(s.prefix + id)
+			byDoc[doc] = id
+			in = append(in, doc)
+		}
+		type floorDoc struct {
+			ID             string `bson:"_id"`
+			DeletedThrough int64  `bson:"deletedThrough"`
+		}
+		err := findAll(ctx, s.fences, bson.D{{Key: "_id", Value: set("$in", in)}}, set("deletedThrough", 1), func(d *floorDoc) {
+			floors[byDoc[d.ID]] = d.DeletedThrough
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	out := make([]string, 0, len(ids))
+	for _, id := range ids {
+		if top[id] > floors[id] {
+			out = append(out, id)
+		}
+	}
 	sort.Strings(out)
-	return out, err
+	return out, nil
 }

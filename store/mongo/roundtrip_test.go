@@ -184,7 +184,15 @@ func TestRoundTrips(t *testing.T) {
 		return err
 	})
 	count("Checkpoints.Fence", 1, func() error { _, err := cp.Fence(ctx, "t", 6); return err })
-	count("Checkpoints.Latest", 1, func() error { _, _, err := cp.Latest(ctx, "t"); return err })
+	// Reads read the fence's deletedThrough after the checkpoints.
+	count("Checkpoints.Latest", 2, func() error { _, _, err := cp.Latest(ctx, "t"); return err })
+	count("Checkpoints.DeleteAll", 3, func() error {
+		_, ok, err := cp.DeleteAll(ctx, "t", 6)
+		if err == nil && !ok {
+			t.Error("delete refused")
+		}
+		return err
+	})
 
 	// The lock and circuit changes above each queued one event; the writer
 	// sends them in batches, off the operations' path.

@@ -125,43 +125,72 @@ func (c checkpoints) List(ctx context.Context, taskID string) ([]driver.Checkpoi
 }
 
 // Cleanup implements driver.Checkpoints in one READ COMMITTED transaction:
-// find the newest sequence to drop, delete it and all older ones.
-func (c checkpoints) Cleanup(ctx context.Context, taskID string, keep int) (int64, error) {
+// with a token, lock the task's fence row and compare (refused if the
+// fence is above the token); find the newest sequence to drop, delete it
+// and all older ones. A Fence or a save of the task waits for the
+// transaction, and saves are transactions too, so none lands after it.
+func (c checkpoints) Cleanup(ctx context.Context, taskID string, keep int, token int64) (int64, bool, error) {
 	s := c.s
 	task := s.prefix + taskID
-	var n int64
-	err := s.tx(ctx, func(tx *sql.Tx) error {
-		n = 0
+	return c.fencedDelete(ctx, task, token, func(tx *sql.Tx) (sql.Result, error) {
 		var seq int64
 		err := tx.QueryRowContext(ctx, s.q.cpNth, s.prefix, task, int64(keep)).Scan(&seq)
 		if errors.Is(err, sql.ErrNoRows) {
-			return nil
+			return nil, nil
 		}
 		if err != nil {
-			return err
+			return nil, err
 		}
-		res, err := tx.ExecContext(ctx, s.q.cpCleanup, s.prefix, task, seq)
-		if err != nil {
-			return err
-		}
-		n, err = res.RowsAffected()
-		return err
+		return tx.ExecContext(ctx, s.q.cpCleanup, s.prefix, task, seq)
 	})
-	return n, err
 }
 
-// DeleteAll implements driver.Checkpoints.
-func (c checkpoints) DeleteAll(ctx context.Context, taskID string) (int64, error) {
+// DeleteAll implements driver.Checkpoints as Cleanup does, with one DELETE.
+func (c checkpoints) DeleteAll(ctx context.Context, taskID string, token int64) (int64, bool, error) {
+	s := c.s
+	task := s.prefix + taskID
+	return c.fencedDelete(ctx, task, token, func(tx *sql.Tx) (sql.Result, error) {
+		return tx.ExecContext(ctx, s.q.cpDelete, s.prefix, task)
+	})
+}
+
+// fencedDelete runs del in a transaction after the fence check; del may
+// return a nil result (nothing to delete).
+func (c checkpoints) fencedDelete(ctx context.Context, task string, token int64, del func(tx *sql.Tx) (sql.Result, error)) (int64, bool, error) {
+	s := c.s
 	var n int64
-	err := c.s.tx(ctx, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, c.s.q.cpDelete, c.s.prefix, c.s.prefix+taskID)
+	var ok bool
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		n, ok = 0, false
+		if token > 0 {
+			var fence int64
+			err := tx.QueryRowContext(ctx, s.q.cpFenceLock, s.prefix, task).Scan(&fence)
+			if errors.Is(err, sql.ErrNoRows) {
+				err = tx.QueryRowContext(ctx, s.q.cpMaxToken, s.prefix, task).Scan(&fence)
+			}
+			if err != nil {
+				return err
+			}
+			if fence > token {
+				return nil
+			}
+		}
+		res, err := del(tx)
 		if err != nil {
 			return err
 		}
-		n, err = res.RowsAffected()
-		return err
+		if res != nil {
+			if n, err = res.RowsAffected(); err != nil {
+				return err
+			}
+		}
+		ok = true
+		return nil
 	})
-	return n, err
+	if err != nil {
+		return 0, false, err
+	}
+	return n, ok, nil
 }
 
 // Tasks implements driver.Checkpoints.

@@ -21,7 +21,7 @@ type queries struct {
 	idemClaim, idemRow, idemExtend, idemComplete, idemAbandon, idemGet, idemSet          string
 	idemDelete, idemList                                                                 string
 	cpFenceSave, cpInsert, cpFence, cpLoad, cpLatest, cpList, cpNth, cpCleanup, cpDelete string
-	cpTasks                                                                              string
+	cpTasks, cpFenceLock, cpMaxToken                                                     string
 }
 
 const (
@@ -191,6 +191,11 @@ ON DUPLICATE KEY UPDATE
 	q.cpLoad = sub(`SELECT ` + cpCols + ` FROM {P} WHERE ` + task + ` AND sequence = ?`)
 	q.cpLatest = sub(`SELECT ` + cpCols + ` FROM {P} WHERE ` + task + ` ORDER BY sequence DESC LIMIT 1`)
 	q.cpList = sub(`SELECT ` + cpCols + ` FROM {P} WHERE ` + task + ` ORDER BY sequence`)
+	// Fenced deletions lock the task's fence row (so that a Fence or a
+	// save waits for them) and compare its token; a task without one is
+	// fenced by its checkpoints' highest token, as a save would be.
+	q.cpFenceLock = sub(`SELECT fence_token FROM {F} WHERE ` + task + ` FOR UPDATE`)
+	q.cpMaxToken = sub(`SELECT COALESCE(MAX(token), 0) FROM {P} WHERE ` + task)
 	q.cpNth = sub(`SELECT sequence FROM {P} WHERE ` + task + ` ORDER BY sequence DESC LIMIT 1 OFFSET ?`)
 	q.cpCleanup = sub(`DELETE FROM {P} WHERE ` + task + ` AND sequence <= ?`)
 	q.cpDelete = sub(`DELETE FROM {P} WHERE ` + task)

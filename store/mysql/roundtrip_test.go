@@ -211,4 +211,19 @@ func TestRoundTrips(t *testing.T) {
 		return err
 	})
 	count("Checkpoints.Latest", 1, func() error { _, _, err := cp.Latest(ctx, key); return err })
+	// Fenced: the transaction locks the fence row to compare its token.
+	count("Checkpoints.Cleanup (fenced)", 6, func() error {
+		_, ok, err := cp.CleanupFenced(ctx, key, 0, 5)
+		if err == nil && !ok {
+			t.Error("cleanup refused")
+		}
+		return err
+	})
+	count("Checkpoints.DeleteAll (fenced)", 5, func() error {
+		_, ok, err := cp.DeleteAllFenced(ctx, key, 5)
+		if err == nil && !ok {
+			t.Error("delete refused")
+		}
+		return err
+	})
 }

@@ -142,18 +142,50 @@ func (c checkpoints) List(ctx context.Context, taskID string) ([]driver.Checkpoi
 	return out, ctxErr(ctx, rows.Err())
 }
 
-// Cleanup implements driver.Checkpoints in one DELETE.
-func (c checkpoints) Cleanup(ctx context.Context, taskID string, keep int) (int64, error) {
-	return c.s.execCount(ctx, c.s.q.cpCleanup, func(int64) []any {
-		return []any{sql.Named("task", c.s.cfg.prefix+taskID), sql.Named("keep", int64(keep))}
-	})
+// Cleanup implements driver.Checkpoints: in one IMMEDIATE transaction,
+// the task's fence is read (refused if above token) and one DELETE runs.
+// Saves are transactions too, so none lands after the deletion.
+func (c checkpoints) Cleanup(ctx context.Context, taskID string, keep int, token int64) (int64, bool, error) {
+	return c.fencedDelete(ctx, taskID, token, c.s.q.cpCleanup, sql.Named("keep", int64(keep)))
 }
 
-// DeleteAll implements driver.Checkpoints.
-func (c checkpoints) DeleteAll(ctx context.Context, taskID string) (int64, error) {
-	return c.s.execCount(ctx, c.s.q.cpDeleteAll, func(int64) []any {
-		return []any{sql.Named("task", c.s.cfg.prefix+taskID)}
+// DeleteAll implements driver.Checkpoints as Cleanup does.
+func (c checkpoints) DeleteAll(ctx context.Context, taskID string, token int64) (int64, bool, error) {
+	return c.fencedDelete(ctx, taskID, token, c.s.q.cpDeleteAll)
+}
+
+func (c checkpoints) fencedDelete(ctx context.Context, taskID string, token int64, query string, args ...any) (int64, bool, error) {
+	s := c.s
+	task := sql.Named("task", s.cfg.prefix+taskID)
+	var n int64
+	var ok bool
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		n, ok = 0, false
+		if token > 0 {
+			var fence int64
+			if err := s.queryRow(ctx, tx, s.q.cpFenceOf, task).Scan(&fence); err != nil {
+				return err
+			}
+			if fence > token {
+				return nil
+			}
+		}
+		st, err := s.stmt(ctx, query)
+		if err != nil {
+			return err
+		}
+		res, err := tx.StmtContext(ctx, st).ExecContext(ctx, s.withNS(append([]any{task}, args...))...)
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		ok = err == nil
+		return err
 	})
+	if err != nil {
+		return 0, false, err
+	}
+	return n, ok, nil
 }
 
 // Tasks implements driver.Checkpoints.

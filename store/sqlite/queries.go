@@ -17,7 +17,7 @@ type queries struct {
 	idemGet, idemGetAny, idemInsert, idemReclaim, idemRenew, idemExtend, idemComplete,
 	idemAbandon, idemSet, idemDelete, idemList string
 
-	cpFenceSave, cpInsert, cpFence, cpLoad, cpLatest, cpList, cpCleanup, cpDeleteAll, cpTasks string
+	cpFenceSave, cpInsert, cpFence, cpFenceOf, cpLoad, cpLatest, cpList, cpCleanup, cpDeleteAll, cpTasks string
 
 	purgeCache, purgeIdem, purgeLocks, purgeFences, purgeEvents string
 
@@ -212,6 +212,11 @@ ON CONFLICT (namespace, task_id) DO UPDATE SET
 	updated_at = CASE WHEN :token > {F}.fence_token THEN :now ELSE {F}.updated_at END
 WHERE :token >= {F}.fence_token
 RETURNING 1`)
+	// The task's fence, for fenced deletions (a task without a fence row
+	// is fenced by its checkpoints' highest token, as a save would be).
+	q.cpFenceOf = sub(c, `SELECT COALESCE(
+	(SELECT fence_token FROM {F} WHERE namespace = :ns AND task_id = :task),
+	(SELECT max(token) FROM {P} WHERE namespace = :ns AND task_id = :task), 0)`)
 	q.cpLoad = sub(c, `SELECT `+cpCols+` FROM {P} WHERE namespace = :ns AND task_id = :task AND sequence = :seq`)
 	q.cpLatest = sub(c, `SELECT `+cpCols+` FROM {P} WHERE namespace = :ns AND task_id = :task ORDER BY sequence DESC LIMIT 1`)
 	q.cpList = sub(c, `SELECT `+cpCols+` FROM {P} WHERE namespace = :ns AND task_id = :task ORDER BY sequence`)
