@@ -36,9 +36,18 @@
 // the lock — even before the successor's first save — and cannot
 // overwrite newer progress. The fence outlives the task's checkpoints: a
 // zombie's save that arrives after its successor finished and deleted them
-// is refused too, so the next Run does not resume from a stale state. The
-// task's context is also cancelled as soon as the lease is lost, and Save
-// refuses to write once this process knows the lease is lost.
+// is refused too, so the next Run does not resume from a stale state. (On
+// stores where a save is two writes, a save that passed the fence just
+// before the successor's Fence may still write its checkpoint late; once
+// a deletion has covered it, the store never returns it.) Deletions are
+// fenced as well: the cleanups after each save and the deletion after
+// success carry the lease's token, so a zombie's late deletion never
+// deletes its successor's checkpoints.
+//
+// The task's context is derived from the lease's: it is cancelled in the
+// same instant as the lease is lost (its Err consults the lease's clock,
+// like Lease.Err), and Save refuses to write once this process knows the
+// lease is lost. Cursor.Lease gives the lease.
 package checkpoint
 
 import (
@@ -135,9 +144,13 @@ type Options struct {
 // With Options.Lock, Run fences the task with the lease's token before it
 // loads the newest checkpoint (an error matching ErrStale if a newer token
 // has fenced it already), and fn runs under the task's lock with a context
-// that is cancelled when ctx ends or the lease is lost; if the lease was lost, the
-// returned error matches lock.ErrLeaseLost and the checkpoints are not
-// deleted even if fn returned nil. Panics in fn are not recovered; the
+// derived from the lease's: it is cancelled when ctx ends, and in the same
+// instant as the lease when the lease is lost (Cursor.Lease gives the
+// lease; when Run waited for the lock, lock.LeaseFromContext does too). If
+// the lease was lost, the returned error matches lock.ErrLeaseLost and the
+// checkpoints are not deleted even if fn returned nil; the deletion is
+// also fenced, so it deletes nothing once a newer holder has fenced the
+// task (an error matching ErrStale). Panics in fn are not recovered; the
 // lock is released on the way out.
 func Run[T any](ctx context.Context, st *warden.Store, taskID string, fn func(ctx context.Context, cp *Cursor[T]) error, opts *Options) (err error) {
 	var o Options
@@ -166,54 +179,49 @@ func Run[T any](ctx context.Context, st *warden.Store, taskID string, fn func(ct
 	}
 
 	cur := &Cursor[T]{st: st, taskID: taskID, codec: o.Codec, keep: o.Keep, every: o.CleanupEvery}
-	runCtx := ctx
-	if o.Lock || o.Locker != nil || o.LockOptions != nil {
-		locker := o.Locker
-		if locker == nil {
-			if locker, err = lock.New(st, o.LockOptions); err != nil {
-				return fmt.Errorf("checkpoint: %w", err)
-			}
-			defer locker.Close()
-		}
-		var lease *lock.Lease
-		if o.NoWait {
-			lease, err = locker.TryAcquire(ctx, LockKey(taskID))
-		} else {
-			lease, err = locker.Acquire(ctx, LockKey(taskID))
-		}
-		if err != nil {
-			return err
-		}
-		cur.lease, cur.token = lease, lease.Token()
-		fctx, cancel := context.WithCancelCause(ctx)
-		stop := context.AfterFunc(lease.Context(), func() { cancel(context.Cause(lease.Context())) })
-		runCtx = fctx
-		defer func() {
-			stop()
-			cancel(context.Canceled)
-			lost := errors.Is(lease.Err(), lock.ErrLeaseLost)
-			rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-			rerr := lease.Release(rctx)
-			rcancel()
-			switch {
-			case lost || errors.Is(rerr, lock.ErrNotHeld):
-				if err == nil {
-					err = fmt.Errorf("checkpoint: task %q: %w", taskID, lock.ErrLeaseLost)
-				} else if !errors.Is(err, lock.ErrLeaseLost) {
-					err = errors.Join(err, lock.ErrLeaseLost)
-				}
-			case rerr != nil:
-				st.Logger().Warn("warden checkpoint: releasing the task lock failed; it lapses at its expiry",
-					"task", taskID, "err", rerr)
-			}
-		}()
+	if !o.Lock && o.Locker == nil && o.LockOptions == nil {
+		return runTask(ctx, ctx, st, cur, fn, o)
 	}
+	locker := o.Locker
+	if locker == nil {
+		if locker, err = lock.New(st, o.LockOptions); err != nil {
+			return fmt.Errorf("checkpoint: %w", err)
+		}
+		defer locker.Close()
+	}
+	under := func(fctx context.Context, lease *lock.Lease) error {
+		cur.lease, cur.token = lease, lease.Token()
+		return runTask(ctx, fctx, st, cur, fn, o)
+	}
+	if o.NoWait {
+		lease, terr := locker.TryAcquire(ctx, LockKey(taskID))
+		if terr != nil {
+			return terr
+		}
+		err = underLease(ctx, st, taskID, lease, under)
+	} else {
+		// lock.Do gives fn a context derived from the lease's: a loss
+		// cancels it in the same instant, and its Err consults the
+		// lease's clock.
+		err = lock.Do(ctx, locker, LockKey(taskID), func(fctx context.Context) error {
+			return under(fctx, lock.LeaseFromContext(fctx))
+		})
+	}
+	if err == lock.ErrLeaseLost { // the bare sentinel: the task returned nil, but the lease was lost
+		err = fmt.Errorf("checkpoint: task %q: %w", taskID, err)
+	}
+	return err
+}
 
+// runTask runs the task under the lease of cur, if any: fctx is the
+// context fn gets (bound to the lease), ctx the caller's.
+func runTask[T any](ctx, fctx context.Context, st *warden.Store, cur *Cursor[T], fn func(ctx context.Context, cp *Cursor[T]) error, o Options) error {
+	taskID := cur.taskID
 	if cur.lease != nil {
-		// Fence before reading: from here on, saves of holders with older
-		// tokens are refused, so the state read below is not overwritten
-		// by a zombie.
-		ok, err := st.Checkpoints().Fence(runCtx, taskID, cur.token)
+		// Fence before reading: from here on, saves and deletions of
+		// holders with older tokens are refused, so the state read below
+		// is not overwritten by a zombie.
+		ok, err := st.Checkpoints().Fence(fctx, taskID, cur.token)
 		if err != nil {
 			return err
 		}
@@ -222,7 +230,7 @@ func Run[T any](ctx context.Context, st *warden.Store, taskID string, fn func(ct
 		}
 	}
 
-	last, found, err := st.Checkpoints().Latest(runCtx, taskID)
+	last, found, err := st.Checkpoints().Latest(fctx, taskID)
 	if err != nil {
 		return err
 	}
@@ -233,7 +241,7 @@ func Run[T any](ctx context.Context, st *warden.Store, taskID string, fn func(ct
 		cur.resumed, cur.has, cur.last = true, true, last
 	}
 
-	if err := fn(runCtx, cur); err != nil {
+	if err := fn(fctx, cur); err != nil {
 		return err
 	}
 	if o.KeepOnSuccess {
@@ -246,10 +254,62 @@ func Run[T any](ctx context.Context, st *warden.Store, taskID string, fn func(ct
 			return fmt.Errorf("checkpoint: task %q finished, its checkpoints kept: %w", taskID, err)
 		}
 	}
-	if _, err := st.Checkpoints().DeleteAll(ctx, taskID); err != nil {
+	// Fenced by the lease's token: if the lease was lost after all and a
+	// newer holder has fenced the task, nothing is deleted.
+	_, ok, err := st.Checkpoints().DeleteAllFenced(ctx, taskID, cur.token)
+	if err != nil {
 		return fmt.Errorf("checkpoint: task %q finished, but deleting its checkpoints failed: %w", taskID, err)
 	}
+	if !ok {
+		return fmt.Errorf("%w: task %q finished, but a holder with a newer token than %d has fenced it since; its checkpoints kept (%w)",
+			ErrStale, taskID, cur.token, lock.ErrLeaseLost)
+	}
 	return nil
+}
+
+// underLease runs f under lease, which TryAcquire took (NoWait), the way
+// lock.Do runs fn under the lease it waits for: f's context is derived
+// from the lease's, so that a loss cancels it in the same instant, its Err
+// consults the lease's clock, and ctx's end is passed on to it; the lease
+// is released when f returns (even if ctx has ended, within
+// releaseTimeout), and if the lease was lost the error matches
+// lock.ErrLeaseLost.
+func underLease(ctx context.Context, st *warden.Store, taskID string, lease *lock.Lease, f func(context.Context, *lock.Lease) error) (err error) {
+	cctx, cancel := context.WithCancelCause(lease.Context())
+	unhook := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
+	defer func() {
+		unhook()
+		cancel(context.Canceled)
+		lost := errors.Is(lease.Err(), lock.ErrLeaseLost)
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		rerr := lease.Release(rctx)
+		rcancel()
+		switch {
+		case lost || errors.Is(rerr, lock.ErrNotHeld):
+			if err == nil {
+				err = lock.ErrLeaseLost
+			} else if !errors.Is(err, lock.ErrLeaseLost) {
+				err = errors.Join(err, lock.ErrLeaseLost)
+			}
+		case rerr != nil:
+			st.Logger().Warn("warden checkpoint: releasing the task lock failed; it lapses at its expiry",
+				"task", taskID, "err", rerr)
+		}
+	}()
+	return f(leaseCtx{cctx, lease}, lease)
+}
+
+// leaseCtx is a context derived from a lease's whose Err, like the
+// lease's, consults the clock: from the lease's deadline on it reports
+// the loss even if no timer has fired yet.
+type leaseCtx struct {
+	context.Context
+	lease *lock.Lease
+}
+
+func (c leaseCtx) Err() error {
+	_ = c.lease.Err() // ends the lease, and so this context, once its deadline has passed
+	return c.Context.Err()
 }
 
 // LockKey returns the lock key that guards taskID with Options.Lock:
@@ -322,6 +382,10 @@ func (c *Cursor[T]) Last() (driver.Checkpoint, bool) {
 // with Options.Lock, else 0 (saves are not fenced).
 func (c *Cursor[T]) Token() int64 { return c.token }
 
+// Lease returns the lease on the task's lock with Options.Lock, else nil.
+// fn's context ends the instant the lease does.
+func (c *Cursor[T]) Lease() *lock.Lease { return c.lease }
+
 // Save stores state as the task's newest checkpoint with progress (0–100).
 // With Options.Lock it returns an error matching ErrStale (and
 // lock.ErrLeaseLost) if the store refused the save because a newer lease
@@ -358,8 +422,13 @@ func (c *Cursor[T]) SaveETA(ctx context.Context, state T, progress float64, eta 
 	cleanup := c.saves%c.every == 0
 	c.mu.Unlock()
 	if cleanup {
-		if _, err := c.st.Checkpoints().Cleanup(ctx, c.taskID, c.keep); err != nil {
+		_, ok, err := c.st.Checkpoints().CleanupFenced(ctx, c.taskID, c.keep, c.token)
+		switch {
+		case err != nil:
 			c.st.Logger().Warn("warden checkpoint: deleting old checkpoints failed", "task", c.taskID, "err", err)
+		case !ok:
+			c.st.Logger().Warn("warden checkpoint: deleting old checkpoints refused: a holder with a newer token has fenced the task",
+				"task", c.taskID, "token", c.token)
 		}
 	}
 	return nil

@@ -442,6 +442,50 @@ func TestLostLeaseCancelsTask(t *testing.T) {
 	}
 }
 
+// TestLossCancelsTaskAtOnce: the task's context ends in the same instant
+// as its lease. When a Refresh finds the lock force-released and returns
+// ErrLeaseLost, the context already reports the loss — with no goroutine
+// hop in between — whether Run waited for the lock or took it with
+// NoWait.
+func TestLossCancelsTaskAtOnce(t *testing.T) {
+	for _, noWait := range []bool{false, true} {
+		t.Run(fmt.Sprint("NoWait=", noWait), func(t *testing.T) {
+			sts := stores(t, 2)
+			const task = "instant"
+			err := checkpoint.Run(context.Background(), sts[0], task, func(ctx context.Context, cp *checkpoint.Cursor[int]) error {
+				lease := cp.Lease()
+				if lease == nil || lease.Token() != cp.Token() {
+					return fmt.Errorf("Cursor.Lease = %v, want the task's lease", lease)
+				}
+				if got := lock.LeaseFromContext(ctx); !noWait && got != lease {
+					return fmt.Errorf("LeaseFromContext = %v, want the task's lease", got)
+				}
+				if ok, err := sts[1].Locks().ForceRelease(ctx, checkpoint.LockKey(task)); err != nil || !ok {
+					return fmt.Errorf("ForceRelease = %v, %v", ok, err)
+				}
+				if err := lease.Refresh(ctx); !errors.Is(err, lock.ErrLeaseLost) {
+					return fmt.Errorf("Refresh after the force-release: %v, want ErrLeaseLost", err)
+				}
+				if ctx.Err() == nil {
+					return errors.New("the task's context is still live right after Refresh reported the lease lost")
+				}
+				select {
+				case <-ctx.Done():
+				default:
+					return errors.New("the task's context reports an error but Done is not closed")
+				}
+				if cause := context.Cause(ctx); !errors.Is(cause, lock.ErrLeaseLost) {
+					return fmt.Errorf("cause of the task's cancellation = %v, want ErrLeaseLost", cause)
+				}
+				return nil
+			}, &checkpoint.Options{Lock: true, NoWait: noWait})
+			if !errors.Is(err, lock.ErrLeaseLost) || !strings.Contains(err.Error(), task) {
+				t.Fatalf("Run: %v, want ErrLeaseLost naming the task and nothing else", err)
+			}
+		})
+	}
+}
+
 func TestLockedRunsNeverOverlap(t *testing.T) {
 	ctx := context.Background()
 	const workers = 6
