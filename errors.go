@@ -26,8 +26,16 @@ var (
 	// ErrValueTooLarge: a value exceeds the store's limit; nothing was
 	// written.
 	ErrValueTooLarge = errors.New("warden: value too large")
-	// ErrClosed: the store was closed.
-	ErrClosed = errors.New("warden: store closed")
+	// ErrClosed: the store, or the Locker or Cache in use, was closed.
+	// lock.ErrClosed and cache.ErrClosed are this error.
+	ErrClosed = errors.New("warden: closed")
+	// ErrLeaseLost: a holding — a lock lease, an idempotency claim — could
+	// no longer be proven held (refused by the store, or not renewed
+	// before its deadline): another holder may have it now. It is the
+	// cause of the holding's context. lock.ErrLeaseLost and
+	// idempotency.ErrLeaseLost are this error; errors of the packages
+	// that carry more detail match it with errors.Is.
+	ErrLeaseLost = errors.New("warden: lease lost")
 	// ErrUnknownScheme: Open was given a URL whose scheme no imported store
 	// registered.
 	ErrUnknownScheme = errors.New("warden: unknown store scheme")

@@ -74,8 +74,8 @@ import (
 // that a value does not exist.
 var ErrNotFound = errors.New("cache: not found")
 
-// ErrClosed is returned by GetOrLoad after Close.
-var ErrClosed = errors.New("cache: closed")
+// ErrClosed is returned by GetOrLoad after Close. It is warden.ErrClosed.
+var ErrClosed = warden.ErrClosed
 
 // Default option values.
 const (

@@ -89,7 +89,8 @@ var (
 	// be renewed in time, or another caller took the key over, or an
 	// operator deleted it. fn's context is cancelled with this cause and
 	// its result is not stored.
-	ErrLeaseLost = errors.New("idempotency: claim lost")
+	// It is warden.ErrLeaseLost, shared with lock.
+	ErrLeaseLost = warden.ErrLeaseLost
 	// ErrNotStored: fn ran and succeeded, but its result could not be
 	// stored. Do returns fn's value with it. When the result could never
 	// be stored (too large, not encodable) the key keeps a stored failure

@@ -193,8 +193,8 @@ func ExampleLease_Context() {
 	fmt.Println(context.Cause(lease.Context()))
 	fmt.Println(lease.Release(ctx))
 	// Output:
-	// lock: lease lost
-	// lock: not held: lock: lease lost
+	// warden: lease lost
+	// lock: not held: warden: lease lost
 }
 
 // label is an owner's label: its identity without the Locker's suffix.

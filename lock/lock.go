@@ -32,14 +32,16 @@ var (
 	// ErrLeaseLost: the lease ended because it could no longer be proven
 	// held: a refresh was refused, or none succeeded before the local
 	// deadline. It is the cause (context.Cause) of a lost lease's context.
-	ErrLeaseLost = errors.New("lock: lease lost")
+	// It is warden.ErrLeaseLost, shared with idempotency.
+	ErrLeaseLost = warden.ErrLeaseLost
 	// ErrReleased: the lease ended because it was released (by
 	// Lease.Release, Do returning, or Locker.Close). It is the cause of a
 	// released lease's context.
 	ErrReleased = errors.New("lock: lease released")
-	// ErrClosed: the Locker was closed. Pending and later Acquire,
-	// TryAcquire and Watch calls return it.
-	ErrClosed = errors.New("lock: locker closed")
+	// ErrClosed: the Locker (or its store) was closed. Pending and later
+	// Acquire, TryAcquire and Watch calls return it. It is
+	// warden.ErrClosed.
+	ErrClosed = warden.ErrClosed
 	// ErrStoreTooSlow: the store granted the lock, but its answers kept
 	// arriving after the lease's deadline (the round trip took longer than
 	// TTL − ClockSkew), so no lease could be handed out; the holding was

@@ -89,7 +89,7 @@ func TestE2EServerNoWaitWhileHeld(t *testing.T) {
 			}
 			r = runWarden(t, nil, "--store", url, "lock", "ls")
 			want(t, r, 0)
-			wantLines(t, r, `KEY +OWNER +TOKEN +ACQUIRED +EXPIRES`, `job +\S+:\d+:\S+ +\d+ +`+rfc3339ms+` +`+rfc3339ms)
+			wantLines(t, r, `KEY +OWNER +TOKEN +ACQUIRED +EXPIRES`, `job +\S+:\d+#[0-9a-f]{12} +\d+ +`+rfc3339ms+` +`+rfc3339ms)
 
 			stop()
 			want(t, h.wait(t, 30*time.Second), 0)
