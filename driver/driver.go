@@ -169,6 +169,11 @@ type LockEvent struct {
 	Owner string
 	Token int64
 	At    time.Time
+	// Err, on an EventsLost, says why events may be missing when the
+	// store could not be read (the poller of stores without notifications
+	// reports the first failed listing of a run of failures); nil when
+	// the receiver fell behind.
+	Err error
 }
 
 // LockNotifier is the optional capability of stores that deliver lock events

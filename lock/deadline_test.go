@@ -522,3 +522,55 @@ func TestWaiterDoesNotSpinOnAPastExpiry(t *testing.T) {
 		t.Fatalf("%d store calls in %v: more than one per RetryMin/2 (%d)", calls, elapsed, limit)
 	}
 }
+
+// listFails makes the lock driver's List fail while fail is set.
+type listFails struct {
+	driver.Locks
+	fail atomic.Bool
+}
+
+var errListDown = errors.New("connection refused (test outage)")
+
+func (f *listFails) List(ctx context.Context, p driver.Pattern) ([]driver.LockRecord, error) {
+	if f.fail.Load() {
+		return nil, errListDown
+	}
+	return f.Locks.List(ctx, p)
+}
+
+// Issue 13: a polling Watch tells "no events" from "store unreachable":
+// a failing listing is reported once, as EventsLost with the error, and
+// the events go on when the store is back.
+func TestPollWatchReportsStoreErrors(t *testing.T) {
+	db := testkit.DBName(t)
+	f := &listFails{}
+	w := openEnv(t, db, func(d driver.Store) driver.Store {
+		f.Locks = d.Locks()
+		return hideNotify(&timedStore{Store: d, locks: &timedLocks{Locks: f}})
+	}).locker(t, &Options{PollInterval: 5 * time.Millisecond})
+	holder := openEnv(t, db, nil).locker(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	events, err := w.Watch(ctx, "*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.fail.Store(true)
+	ev := <-events
+	if ev.Kind != EventsLost || !errors.Is(ev.Err, errListDown) {
+		t.Fatalf("while the store fails: %+v, want EventsLost with the store's error", ev)
+	}
+	f.fail.Store(false)
+	if _, err := holder.Acquire(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	for ev := range events {
+		if ev.Kind == EventsLost {
+			t.Fatalf("a second EventsLost for one run of failures: %+v", ev)
+		}
+		if ev.Kind == Acquired && ev.Key == "k" {
+			return
+		}
+	}
+	t.Fatal("the watch ended before the acquisition was reported")
+}

@@ -26,8 +26,9 @@ const (
 	// Expired: a holding lapsed (reported by stores that can tell, and by
 	// the poller of stores without notifications).
 	Expired = driver.LockExpired
-	// EventsLost: events may be missing (the receiver fell behind);
-	// re-read the state you care about with the store's lock List or Get.
+	// EventsLost: events may be missing — the receiver fell behind, or
+	// (Event.Err set) the store could not be read; re-read the state you
+	// care about with the store's lock List or Get.
 	EventsLost = driver.EventsLost
 )
 
@@ -124,7 +125,10 @@ func (l *Locker) wakeAll() {
 // before its expiry, Expired for one gone after it (both followed by
 // Acquired when another holding replaced it between two polls). Changes
 // that begin and end between two polls are not seen; a receiver that falls
-// behind delays the polls rather than losing events.
+// behind delays the polls rather than losing events. A listing that fails
+// is reported as an EventsLost event whose Err is the store's error, once
+// per run of failures, so that a silent store and an unreachable one look
+// different.
 func (l *Locker) Watch(ctx context.Context, pattern string) (<-chan Event, error) {
 	p, err := warden.ParsePattern(pattern)
 	if err != nil {
@@ -213,6 +217,7 @@ func (l *Locker) pollLoop(ctx context.Context, cancel context.CancelFunc, patter
 	defer cancel()
 	ticker := time.NewTicker(l.poll)
 	defer ticker.Stop()
+	failing := false
 	for {
 		select {
 		case <-ticker.C:
@@ -224,8 +229,20 @@ func (l *Locker) pollLoop(ctx context.Context, cancel context.CancelFunc, patter
 			if ctx.Err() != nil {
 				return
 			}
-			continue // the next poll reports the net changes
+			// Tell the watcher once per run of failures, so that "no
+			// events" and "store unreachable" look different; the next
+			// poll that works reports the net changes.
+			if !failing {
+				failing = true
+				select {
+				case out <- Event{Kind: EventsLost, At: time.Now().UTC().Truncate(time.Millisecond), Err: err}:
+				case <-ctx.Done():
+					return
+				}
+			}
+			continue
 		}
+		failing = false
 		for _, ev := range diff(prev, cur, time.Now().UTC().Truncate(time.Millisecond)) {
 			select {
 			case out <- ev:
