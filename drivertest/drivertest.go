@@ -28,6 +28,18 @@ type Harness struct {
 	// enables the multi-process checks; the test binary's TestMain must
 	// then call Main.
 	URL func(t testing.TB, prefix string) string
+	// Upstream and ProxiedURL, if both are non-nil, enable the Faults
+	// group, which puts a fault-injecting TCP proxy (delay, blackhole,
+	// reset, cut) on the loopback interface between each of several
+	// worker processes and the server. Upstream returns the host:port of
+	// the server that URL's stores reach: the address the proxies forward
+	// to. ProxiedURL returns what URL(t, prefix) returns except that the
+	// store it opens reaches the server only through proxyAddr (a
+	// 127.0.0.1:port): every connection it makes — including those of a
+	// client's monitoring and discovery — must go there, never to
+	// Upstream or another host. The test binary's TestMain must call Main.
+	Upstream   func(t testing.TB) string
+	ProxiedURL func(t testing.TB, prefix, proxyAddr string) string
 }
 
 // Run runs the whole conformance suite against the store h opens. Every
@@ -55,6 +67,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("Notifications", s.notifications)
 	t.Run("MultiProcess", s.multiProcess)
 	t.Run("Portable", s.portable)
+	t.Run("Faults", s.faults)
 }
 
 // suite carries the harness through the checks.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -141,13 +142,44 @@ func storeURL(table string) func(t testing.TB, prefix string) string {
 	}
 }
 
+// endpointAddr returns the host:port of the test endpoint for the fault
+// checks' proxies, or "" for an https:// endpoint (whose certificate would
+// not name the proxy).
+func endpointAddr(t testing.TB) string {
+	e, err := url.Parse(endpoint(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Scheme != "http" {
+		return ""
+	}
+	if e.Port() == "" {
+		return net.JoinHostPort(e.Hostname(), "80")
+	}
+	return e.Host
+}
+
+// proxiedURL returns the dynamodb:// URL of t's check's table in a
+// namespace, with the endpoint reached through proxyAddr.
+func (g *groupTables) proxiedURL(t testing.TB, prefix, proxyAddr string) string {
+	u, err := url.Parse(g.url(t, prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("endpoint", "http://"+proxyAddr)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
 // TestConformance runs the whole conformance suite — driver checks and the
-// portable packages, in goroutines and in separate OS processes — against
-// the test server, each check in a table and a namespace of its own.
+// portable packages, in goroutines and in separate OS processes, and the
+// fault checks through proxies — against the test server, each check in a
+// table and a namespace of its own.
 func TestConformance(t *testing.T) {
 	endpoint(t)
 	g := newGroupTables(t)
-	drivertest.Run(t, drivertest.Harness{
+	h := drivertest.Harness{
 		Name: "dynamodb",
 		Open: func(t testing.TB, prefix string) *warden.Store {
 			st, err := dynamo.Open(context.Background(), g.url(t, prefix), nil)
@@ -157,7 +189,11 @@ func TestConformance(t *testing.T) {
 			return st
 		},
 		URL: g.url,
-	})
+	}
+	if endpointAddr(t) != "" {
+		h.Upstream, h.ProxiedURL = endpointAddr, g.proxiedURL
+	}
+	drivertest.Run(t, h)
 }
 
 // TestConformanceNew runs the suite on stores made by New on the caller's

@@ -2,6 +2,7 @@ package mongo_test
 
 import (
 	"context"
+	"net"
 	"net/url"
 	"os"
 	"strings"
@@ -149,13 +150,45 @@ func cleanNamespace(t testing.TB, prefix string, names mongo.Collections) {
 	})
 }
 
+// serverAddr returns the host:port of the test server for the fault
+// checks' proxies, or "" if its URL names several hosts or an SRV record
+// (a proxy stands in for one server).
+func serverAddr(t testing.TB) string {
+	p, err := url.Parse(serverURL(t, ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Scheme != "mongodb" || strings.Contains(p.Host, ",") {
+		return ""
+	}
+	if p.Port() == "" {
+		return net.JoinHostPort(p.Hostname(), "27017")
+	}
+	return p.Host
+}
+
+// proxiedURL returns serverURL(t, prefix) with the server reached through
+// proxyAddr, connecting directly: no topology discovery that would lead
+// the driver to the server's own address.
+func proxiedURL(t testing.TB, prefix, proxyAddr string) string {
+	p, err := url.Parse(serverURL(t, prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Host = proxyAddr
+	q := p.Query()
+	q.Set("directConnection", "true")
+	p.RawQuery = q.Encode()
+	return p.String()
+}
+
 // TestConformance runs the whole conformance suite — driver checks and the
-// portable packages, in goroutines and in separate OS processes — against
-// the test server, each check in its own namespace, on stores opened by
-// URL.
+// portable packages, in goroutines and in separate OS processes, and the
+// fault checks through proxies — against the test server, each check in
+// its own namespace, on stores opened by URL.
 func TestConformance(t *testing.T) {
 	serverURL(t, "")
-	drivertest.Run(t, drivertest.Harness{
+	h := drivertest.Harness{
 		Name: "mongodb",
 		Open: func(t testing.TB, prefix string) *warden.Store {
 			st, err := mongo.Open(context.Background(), serverURL(t, prefix), nil)
@@ -166,7 +199,11 @@ func TestConformance(t *testing.T) {
 			return st
 		},
 		URL: serverURL,
-	})
+	}
+	if serverAddr(t) != "" {
+		h.Upstream, h.ProxiedURL = serverAddr, proxiedURL
+	}
+	drivertest.Run(t, h)
 }
 
 // newCollections are the collections of TestConformanceNew: custom names

@@ -2,6 +2,7 @@ package mysql_test
 
 import (
 	"context"
+	"net"
 	"net/url"
 	"os"
 	"testing"
@@ -34,9 +35,34 @@ func serverURL(t testing.TB, prefix string) string {
 	return p.String()
 }
 
+// serverAddr returns the test server's host:port, for the fault checks'
+// proxies.
+func serverAddr(t testing.TB) string {
+	p, err := url.Parse(serverURL(t, ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Port() == "" {
+		return net.JoinHostPort(p.Hostname(), "3306")
+	}
+	return p.Host
+}
+
+// proxiedURL returns serverURL(t, prefix) with the server reached through
+// proxyAddr.
+func proxiedURL(t testing.TB, prefix, proxyAddr string) string {
+	p, err := url.Parse(serverURL(t, prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Host = proxyAddr
+	return p.String()
+}
+
 // TestConformance runs the whole conformance suite — driver checks and the
-// portable packages, in goroutines and in separate OS processes — against
-// the test server, each check in its own namespace.
+// portable packages, in goroutines and in separate OS processes, and the
+// fault checks through proxies — against the test server, each check in
+// its own namespace.
 func TestConformance(t *testing.T) {
 	serverURL(t, "")
 	drivertest.Run(t, drivertest.Harness{
@@ -48,7 +74,9 @@ func TestConformance(t *testing.T) {
 			}
 			return st
 		},
-		URL: serverURL,
+		URL:        serverURL,
+		Upstream:   serverAddr,
+		ProxiedURL: proxiedURL,
 	})
 }
 
