@@ -91,8 +91,8 @@ const (
 type Options struct {
 	// TTL is how long Set and loaded values live. 0: no expiry.
 	TTL time.Duration
-	// Codec encodes values. Nil: JSONCodec.
-	Codec Codec
+	// Codec encodes values. Nil: warden.JSONCodec.
+	Codec warden.Codec
 	// NegativeTTL is how long a loader's "absent" answer (an error
 	// wrapping ErrNotFound) is cached. 0: absences are not cached.
 	NegativeTTL time.Duration
@@ -156,7 +156,7 @@ func (e *PanicError) Error() string { return fmt.Sprintf("cache: loader panicked
 type Cache[T any] struct {
 	st    *warden.Store
 	opts  Options
-	codec Codec
+	codec warden.Codec
 	owner string
 	seq   atomic.Uint64
 
@@ -193,7 +193,7 @@ func New[T any](st *warden.Store, opts *Options) (*Cache[T], error) {
 		}
 	}
 	if o.Codec == nil {
-		o.Codec = JSONCodec{}
+		o.Codec = warden.JSONCodec{}
 	}
 	if o.LoadLease == 0 {
 		o.LoadLease = DefaultLoadLease

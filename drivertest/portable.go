@@ -210,11 +210,11 @@ func (s *suite) smokeIdempotency(t *testing.T) {
 	var runs atomic.Int32
 	var errs errList
 	parallel(callers, func(i int) {
-		v, err := idempotency.Do(ctx, st, "smoke-idem", func(ctx context.Context) (int, error) {
+		v, err := idempotency.Do(ctx, st, "smoke-idem", opts, func(ctx context.Context) (int, error) {
 			runs.Add(1)
 			sleepCtx(ctx, 50*time.Millisecond) // the work, long enough for the duplicates to arrive
 			return 42, nil
-		}, opts)
+		})
 		if err != nil || v != 42 {
 			errs.add("caller %d: got %d, %v; want 42", i, v, err)
 		}
@@ -223,19 +223,19 @@ func (s *suite) smokeIdempotency(t *testing.T) {
 	if n := runs.Load(); n != 1 {
 		t.Errorf("fn ran %d times for %d concurrent duplicates, want once", n, callers)
 	}
-	v, err := idempotency.Do(ctx, st, "smoke-idem", func(context.Context) (int, error) {
+	v, err := idempotency.Do(ctx, st, "smoke-idem", opts, func(context.Context) (int, error) {
 		t.Error("fn ran again although its result is stored")
 		return 0, nil
-	}, opts)
+	})
 	if err != nil || v != 42 {
 		t.Errorf("a later duplicate: got %d, %v; want the stored 42", v, err)
 	}
-	if _, err := idempotency.Do(ctx, st, "smoke-idem-error", func(context.Context) (int, error) {
+	if _, err := idempotency.Do(ctx, st, "smoke-idem-error", opts, func(context.Context) (int, error) {
 		return 0, errInjected
-	}, opts); !errors.Is(err, errInjected) {
+	}); !errors.Is(err, errInjected) {
 		t.Errorf("a failing fn: got %v, want its error", err)
 	}
-	v, err = idempotency.Do(ctx, st, "smoke-idem-error", func(context.Context) (int, error) { return 7, nil }, opts)
+	v, err = idempotency.Do(ctx, st, "smoke-idem-error", opts, func(context.Context) (int, error) { return 7, nil })
 	if err != nil || v != 7 {
 		t.Errorf("a retry after a failure: got %d, %v; want 7 (a failure must not be stored)", v, err)
 	}

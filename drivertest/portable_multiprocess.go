@@ -237,13 +237,13 @@ func childIdempotencyDo(ctx context.Context, st *warden.Store, cfg childConfig, 
 	}
 	startTogether(ctx, cfg, warm, fail, func(g int) {
 		who := fmt.Sprintf("child-%d-g%d", cfg.ID, g)
-		v, err := idempotency.Do(ctx, st, cfg.Key, func(ctx context.Context) (string, error) {
+		v, err := idempotency.Do(ctx, st, cfg.Key, opts, func(ctx context.Context) (string, error) {
 			if err := appendLine(runs, who); err != nil {
 				return "", err
 			}
 			sleepCtx(ctx, cfg.Pause) // the work, long enough for the duplicates to arrive
 			return "result-of-" + who, nil
-		}, opts)
+		})
 		if err != nil {
 			fail("%s: idempotency.Do: %v", who, err)
 			return

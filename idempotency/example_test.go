@@ -25,7 +25,7 @@ func Example() {
 		return Receipt{ID: "rcpt-1", Amount: 4200}, nil
 	}
 	for range 2 {
-		r, err := idempotency.Do(ctx, st, "order-77", charge, &idempotency.Options{Fingerprint: "sha256:4f2a"})
+		r, err := idempotency.Do(ctx, st, "order-77", &idempotency.Options{Fingerprint: "sha256:4f2a"}, charge)
 		fmt.Println(r.ID, r.Amount, err)
 	}
 	// Output:
@@ -43,10 +43,10 @@ func ExampleDo_cacheErrors() {
 
 	opts := &idempotency.Options{CacheErrors: true}
 	for range 2 {
-		_, err := idempotency.Do(ctx, st, "refund-9", func(ctx context.Context) (int, error) {
+		_, err := idempotency.Do(ctx, st, "refund-9", opts, func(ctx context.Context) (int, error) {
 			fmt.Println("refunding")
 			return 0, errors.New("refund window closed")
-		}, opts)
+		})
 		fmt.Println("stored error:", errors.Is(err, idempotency.ErrStoredError), "-", err)
 	}
 	// Output:

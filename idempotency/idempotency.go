@@ -2,9 +2,10 @@
 // process that shares a warden store, and hands its stored result to every
 // duplicate request:
 //
-//	receipt, err := idempotency.Do(ctx, st, "charge:"+requestID, func(ctx context.Context) (Receipt, error) {
+//	opts := &idempotency.Options{Fingerprint: hashOf(order)}
+//	receipt, err := idempotency.Do(ctx, st, "charge:"+requestID, opts, func(ctx context.Context) (Receipt, error) {
 //		return chargeCard(ctx, order)
-//	}, &idempotency.Options{Fingerprint: hashOf(order)})
+//	})
 //
 // The first caller claims the key in the store (one atomic operation) and
 // runs fn; while it runs, the claim's lease is renewed in the background.
@@ -97,7 +98,15 @@ var (
 	// saying so, so that no retry runs fn again; when the store failed,
 	// the claim is left to lapse with its lease.
 	ErrNotStored = errors.New("idempotency: result not stored")
+	// ErrStoreTooSlow: the store granted the claim, but its answers kept
+	// arriving after the claim's deadline, so fn was not run and the
+	// claim was given back.
+	ErrStoreTooSlow = errors.New("idempotency: store answers arrive after the claim's deadline")
 )
+
+// maxLateAnswers bounds how often Do claims again when the store's
+// answers keep coming after the claim's deadline.
+const maxLateAnswers = 3
 
 // InProgressError reports a key another caller is running.
 type InProgressError struct {
@@ -146,20 +155,6 @@ func (e *StoredError) Error() string {
 // Is reports whether target is ErrStoredError.
 func (e *StoredError) Is(target error) bool { return target == ErrStoredError }
 
-// Codec encodes results for storage.
-type Codec interface {
-	Marshal(v any) ([]byte, error)
-	Unmarshal(data []byte, v any) error
-}
-
-// JSON is the default Codec, encoding/json.
-var JSON Codec = jsonCodec{}
-
-type jsonCodec struct{}
-
-func (jsonCodec) Marshal(v any) ([]byte, error)      { return json.Marshal(v) }
-func (jsonCodec) Unmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }
-
 // Options configure Do. The zero value (or nil) gives the defaults.
 type Options struct {
 	// Lease is the claim's lease: a claimant that dies holds the key at
@@ -184,12 +179,13 @@ type Options struct {
 	// body), at most 512 bytes. If both it and the fingerprint stored
 	// with the key are non-empty and differ, Do returns a *MismatchError.
 	Fingerprint string
-	// Owner names this caller in the key's record; a unique suffix is
-	// added for each call, so that two calls never share a claim. "":
-	// host:pid.
+	// Owner is a label naming this caller in the key's record; a suffix
+	// unique to the process and the call is added ("billing#3f9a1c2b5d7e.42"),
+	// so that two calls never share a claim, even in two processes given
+	// the same label. "": host:pid.
 	Owner string
-	// Codec encodes results. Nil: JSON.
-	Codec Codec
+	// Codec encodes results. Nil: warden.JSONCodec.
+	Codec warden.Codec
 }
 
 // settings are resolved Options.
@@ -201,18 +197,24 @@ type settings struct {
 	cacheErrors      bool
 	fingerprint      string
 	owner            string
-	codec            Codec
+	codec            warden.Codec
 }
 
 var (
-	processID = func() string {
+	// processLabel is the default owner label: host:pid.
+	processLabel = func() string {
 		host, err := os.Hostname()
 		if err != nil || host == "" {
 			host = "unknown-host"
 		}
+		return host + ":" + strconv.Itoa(os.Getpid())
+	}()
+	// processNonce makes owners unique across processes that give the
+	// same Options.Owner label.
+	processNonce = func() string {
 		var b [6]byte
 		_, _ = rand.Read(b[:])
-		return host + ":" + strconv.Itoa(os.Getpid()) + ":" + hex.EncodeToString(b[:])
+		return hex.EncodeToString(b[:])
 	}()
 	callSeq atomic.Uint64
 )
@@ -253,14 +255,14 @@ func resolve(opts *Options) (settings, error) {
 		return bad("PollMax %v is under PollMin %v", s.pollMax, s.pollMin)
 	}
 	if s.codec == nil {
-		s.codec = JSON
+		s.codec = warden.JSONCodec{}
 	}
 	s.margin = deadline.Margin(s.lease, 0)
 	base := o.Owner
 	if base == "" {
-		base = processID
+		base = processLabel
 	}
-	s.owner = base + "#" + strconv.FormatUint(callSeq.Add(1), 10)
+	s.owner = base + "#" + processNonce + "." + strconv.FormatUint(callSeq.Add(1), 10)
 	if err := warden.ValidateKey(s.owner); err != nil {
 		return settings{}, fmt.Errorf("idempotency: owner: %w", err)
 	}
@@ -282,7 +284,7 @@ func or(d, def time.Duration) time.Duration {
 // error (*warden.Error); or fn's own error. When fn ran and succeeded but
 // its result could not be stored, Do returns fn's value together with the
 // error.
-func Do[T any](ctx context.Context, st *warden.Store, key string, fn func(ctx context.Context) (T, error), opts *Options) (T, error) {
+func Do[T any](ctx context.Context, st *warden.Store, key string, opts *Options, fn func(ctx context.Context) (T, error)) (T, error) {
 	var zero T
 	if st == nil || fn == nil {
 		return zero, fmt.Errorf("idempotency: %w: nil store or function", warden.ErrInvalidArgument)
@@ -293,6 +295,7 @@ func Do[T any](ctx context.Context, st *warden.Store, key string, fn func(ctx co
 	}
 	idem := st.Idempotency()
 	backoff := s.pollMin
+	late := 0
 	for {
 		sent := time.Now()
 		rec, out, err := idem.Claim(ctx, key, s.owner, s.lease, s.fingerprint)
@@ -301,6 +304,20 @@ func Do[T any](ctx context.Context, st *warden.Store, key string, fn func(ctx co
 		}
 		switch out {
 		case driver.Claimed, driver.TakenOver:
+			if !time.Now().Before(sent.Add(s.lease - s.margin)) {
+				// Answered after the claim's deadline: a duplicate may
+				// already have taken it over. Claim again — the store
+				// renews a claim that is still ours — and never run fn
+				// on a claim that is not proven.
+				if late++; late < maxLateAnswers && ctx.Err() == nil {
+					continue
+				}
+				fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.lease)
+				abandon(fctx, idem, st.Logger(), key, s.owner)
+				cancel()
+				return zero, fmt.Errorf("idempotency: key %q: %w: the store answered %d claims in a row only after their deadline (Lease %v less margin %v); fn was not run",
+					key, ErrStoreTooSlow, late, s.lease, s.margin)
+			}
 			return run(ctx, st, key, fn, &s, sent)
 		case driver.Completed:
 			if err := s.checkFingerprint(key, rec); err != nil {
@@ -619,7 +636,7 @@ type envelope struct {
 	Error  string          `json:"error,omitempty"`
 }
 
-func encode(c Codec, v any) ([]byte, error) {
+func encode(c warden.Codec, v any) ([]byte, error) {
 	b, err := c.Marshal(v)
 	if err != nil {
 		return nil, err
@@ -633,7 +650,7 @@ func encode(c Codec, v any) ([]byte, error) {
 	return json.Marshal(env)
 }
 
-func decode[T any](key string, stored []byte, c Codec) (T, error) {
+func decode[T any](key string, stored []byte, c warden.Codec) (T, error) {
 	var v T
 	var env envelope
 	if err := json.Unmarshal(stored, &env); err != nil || env.Marker != 1 {

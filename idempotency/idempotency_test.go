@@ -49,7 +49,7 @@ func TestConcurrentDuplicatesRunOnce(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range callers {
 		wg.Go(func() {
-			results[i], errs[i] = idempotency.Do(context.Background(), stores[i%procs], "charge-1", fn, fast(idemOpts{}))
+			results[i], errs[i] = idempotency.Do(context.Background(), stores[i%procs], "charge-1", fast(idemOpts{}), fn)
 		})
 	}
 	wg.Wait()
@@ -67,7 +67,7 @@ func TestConcurrentDuplicatesRunOnce(t *testing.T) {
 		t.Fatalf("record %+v found=%v err=%v", rec, found, err)
 	}
 	// A later duplicate returns the stored result without running fn.
-	got, err := idempotency.Do(context.Background(), stores[1], "charge-1", fn, nil)
+	got, err := idempotency.Do(context.Background(), stores[1], "charge-1", nil, fn)
 	if err != nil || got != want || ran.Load() != 1 {
 		t.Fatalf("later duplicate: %+v, %v (fn ran %d times)", got, err, ran.Load())
 	}
@@ -79,18 +79,18 @@ func TestNoWaitReportsInProgress(t *testing.T) {
 	release := make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		_, err := idempotency.Do(context.Background(), st, "job", func(context.Context) (string, error) {
+		_, err := idempotency.Do(context.Background(), st, "job", &idemOpts{Owner: "worker-a"}, func(context.Context) (string, error) {
 			<-release
 			return "first", nil
-		}, &idemOpts{Owner: "worker-a"})
+		})
 		done <- err
 	}()
 	testkit.Eventually(t, 5*time.Second, "the first call claims the key", func() bool { return pending(t, st, "job") })
 
-	_, err := idempotency.Do(context.Background(), st, "job", func(context.Context) (string, error) {
+	_, err := idempotency.Do(context.Background(), st, "job", &idemOpts{NoWait: true}, func(context.Context) (string, error) {
 		t.Error("a duplicate ran fn")
 		return "", nil
-	}, &idemOpts{NoWait: true})
+	})
 	var ip *idempotency.InProgressError
 	if !errors.Is(err, idempotency.ErrInProgress) || !errors.As(err, &ip) {
 		t.Fatalf("duplicate: %v", err)
@@ -102,7 +102,7 @@ func TestNoWaitReportsInProgress(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	v, err := idempotency.Do(context.Background(), st, "job", func(context.Context) (string, error) { return "second", nil }, &idemOpts{NoWait: true})
+	v, err := idempotency.Do(context.Background(), st, "job", &idemOpts{NoWait: true}, func(context.Context) (string, error) { return "second", nil })
 	if v != "first" || err != nil {
 		t.Fatalf("after completion: %q, %v", v, err)
 	}
@@ -120,13 +120,13 @@ func TestErrorsAreNotStored(t *testing.T) {
 		}
 		return 7, nil
 	}
-	if _, err := idempotency.Do(ctx, st, "k", fn, nil); !errors.Is(err, errBoom) {
+	if _, err := idempotency.Do(ctx, st, "k", nil, fn); !errors.Is(err, errBoom) {
 		t.Fatalf("first call: %v", err)
 	}
 	if _, found, _ := st.Idempotency().Get(ctx, "k"); found {
 		t.Fatal("a failed call left a record")
 	}
-	v, err := idempotency.Do(ctx, st, "k", fn, nil)
+	v, err := idempotency.Do(ctx, st, "k", nil, fn)
 	if v != 7 || err != nil || ran != 2 {
 		t.Fatalf("retry: %v, %v (ran %d)", v, err, ran)
 	}
@@ -139,17 +139,17 @@ func TestCacheErrors(t *testing.T) {
 	st := openStore(t, testkit.DBName(t), nil)
 	ctx := context.Background()
 	opts := &idemOpts{CacheErrors: true}
-	_, err := idempotency.Do(ctx, st, "k", func(context.Context) (receipt, error) {
+	_, err := idempotency.Do(ctx, st, "k", opts, func(context.Context) (receipt, error) {
 		return receipt{}, fmt.Errorf("card declined: %w", errBoom)
-	}, opts)
+	})
 	if !errors.Is(err, errBoom) {
 		t.Fatalf("the call that ran fn gets fn's own error: %v", err)
 	}
 	for _, o := range []*idemOpts{opts, nil} {
-		v, err := idempotency.Do(ctx, st, "k", func(context.Context) (receipt, error) {
+		v, err := idempotency.Do(ctx, st, "k", o, func(context.Context) (receipt, error) {
 			t.Error("fn ran again despite a stored error")
 			return receipt{ID: "x"}, nil
-		}, o)
+		})
 		var se *idempotency.StoredError
 		if err == nil || !errors.Is(err, idempotency.ErrStoredError) || !errors.As(err, &se) {
 			t.Fatalf("duplicate: %+v, %v", v, err)
@@ -165,10 +165,10 @@ func TestCacheErrors(t *testing.T) {
 
 	// A caller that gave up does not store its cancellation.
 	cctx, cancel := context.WithCancel(ctx)
-	_, err = idempotency.Do(cctx, st, "k2", func(ctx context.Context) (int, error) {
+	_, err = idempotency.Do(cctx, st, "k2", opts, func(ctx context.Context) (int, error) {
 		cancel()
 		return 0, ctx.Err()
-	}, opts)
+	})
 	if !errors.Is(err, context.Canceled) {
 		t.Fatal(err)
 	}
@@ -187,7 +187,7 @@ func TestDeadClaimantIsTakenOver(t *testing.T) {
 		t.Fatalf("claim: %v %v", out, err)
 	}
 	var ip *idempotency.InProgressError
-	if _, err := idempotency.Do(ctx, st, "k", func(context.Context) (int, error) { return 0, nil }, &idemOpts{NoWait: true}); !errors.As(err, &ip) || ip.Owner != "dead-worker" {
+	if _, err := idempotency.Do(ctx, st, "k", &idemOpts{NoWait: true}, func(context.Context) (int, error) { return 0, nil }); !errors.As(err, &ip) || ip.Owner != "dead-worker" {
 		t.Fatalf("NoWait while the dead claim is live: %v", err)
 	}
 	// The waiter's back-off is far longer than the claim's lease, yet it
@@ -196,10 +196,10 @@ func TestDeadClaimantIsTakenOver(t *testing.T) {
 	var ran atomic.Int32
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	v, err := idempotency.Do(wctx, st, "k", func(context.Context) (int, error) {
+	v, err := idempotency.Do(wctx, st, "k", &idemOpts{PollMin: time.Minute, PollMax: time.Minute}, func(context.Context) (int, error) {
 		ran.Add(1)
 		return 99, nil
-	}, &idemOpts{PollMin: time.Minute, PollMax: time.Minute})
+	})
 	if v != 99 || err != nil || ran.Load() != 1 {
 		t.Fatalf("takeover: %v, %v (ran %d)", v, err, ran.Load())
 	}
@@ -235,7 +235,7 @@ func TestLongFnKeepsItsClaim(t *testing.T) {
 	var firstErr error
 	go func() {
 		defer close(finished)
-		first, firstErr = idempotency.Do(context.Background(), st, "k", fn, &idemOpts{Lease: lease})
+		first, firstErr = idempotency.Do(context.Background(), st, "k", &idemOpts{Lease: lease}, fn)
 	}()
 	testkit.Eventually(t, 5*time.Second, "the key is claimed", func() bool { return pending(t, st, "k") })
 
@@ -243,7 +243,7 @@ func TestLongFnKeepsItsClaim(t *testing.T) {
 	var waitErr error
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		waited, waitErr = idempotency.Do(context.Background(), other, "k", fn, fast(idemOpts{Lease: lease}))
+		waited, waitErr = idempotency.Do(context.Background(), other, "k", fast(idemOpts{Lease: lease}), fn)
 	})
 	checks := 0
 	for running := true; running; {
@@ -251,7 +251,7 @@ func TestLongFnKeepsItsClaim(t *testing.T) {
 		case <-finished:
 			running = false
 		case <-time.After(25 * time.Millisecond):
-			_, err := idempotency.Do(context.Background(), other, "k", fn, &idemOpts{NoWait: true, Lease: lease})
+			_, err := idempotency.Do(context.Background(), other, "k", &idemOpts{NoWait: true, Lease: lease}, fn)
 			if err != nil && !errors.Is(err, idempotency.ErrInProgress) {
 				t.Fatalf("duplicate while running: %v", err)
 			}
@@ -272,19 +272,19 @@ func TestFingerprintMismatch(t *testing.T) {
 	st := openStore(t, testkit.DBName(t), nil)
 	ctx := context.Background()
 	fn := func(context.Context) (int, error) { return 1, nil }
-	if _, err := idempotency.Do(ctx, st, "k", fn, &idemOpts{Fingerprint: "sha:aaa"}); err != nil {
+	if _, err := idempotency.Do(ctx, st, "k", &idemOpts{Fingerprint: "sha:aaa"}, fn); err != nil {
 		t.Fatal(err)
 	}
-	_, err := idempotency.Do(ctx, st, "k", func(context.Context) (int, error) {
+	_, err := idempotency.Do(ctx, st, "k", &idemOpts{Fingerprint: "sha:bbb"}, func(context.Context) (int, error) {
 		t.Error("fn ran for a mismatching request")
 		return 2, nil
-	}, &idemOpts{Fingerprint: "sha:bbb"})
+	})
 	var me *idempotency.MismatchError
 	if !errors.Is(err, idempotency.ErrMismatch) || !errors.As(err, &me) || me.Stored != "sha:aaa" || me.Given != "sha:bbb" {
 		t.Fatalf("different fingerprint: %v", err)
 	}
 	for _, fp := range []string{"sha:aaa", ""} {
-		if v, err := idempotency.Do(ctx, st, "k", fn, &idemOpts{Fingerprint: fp}); v != 1 || err != nil {
+		if v, err := idempotency.Do(ctx, st, "k", &idemOpts{Fingerprint: fp}, fn); v != 1 || err != nil {
 			t.Fatalf("fingerprint %q: %v, %v", fp, v, err)
 		}
 	}
@@ -296,10 +296,10 @@ func TestFingerprintMismatch(t *testing.T) {
 	if _, _, err := st.Idempotency().Claim(ctx, "k2", "someone", time.Minute, "fp-x"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := idempotency.Do(ctx, st, "k2", fn, &idemOpts{Fingerprint: "fp-y"}); !errors.Is(err, idempotency.ErrMismatch) {
+	if _, err := idempotency.Do(ctx, st, "k2", &idemOpts{Fingerprint: "fp-y"}, fn); !errors.Is(err, idempotency.ErrMismatch) {
 		t.Fatalf("in progress, other fingerprint: %v", err)
 	}
-	if _, err := idempotency.Do(ctx, st, "k2", fn, &idemOpts{Fingerprint: "fp-x", NoWait: true}); !errors.Is(err, idempotency.ErrInProgress) {
+	if _, err := idempotency.Do(ctx, st, "k2", &idemOpts{Fingerprint: "fp-x", NoWait: true}, fn); !errors.Is(err, idempotency.ErrInProgress) {
 		t.Fatalf("in progress, same fingerprint: %v", err)
 	}
 }
@@ -315,10 +315,10 @@ func TestCancelWhileWaiting(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		// Polls far apart: the wait must end with ctx, not with a poll.
-		_, err := idempotency.Do(ctx, st, "k", func(context.Context) (int, error) {
+		_, err := idempotency.Do(ctx, st, "k", &idemOpts{PollMin: time.Minute, PollMax: time.Minute}, func(context.Context) (int, error) {
 			t.Error("fn ran while another claim was live")
 			return 0, nil
-		}, &idemOpts{PollMin: time.Minute, PollMax: time.Minute})
+		})
 		done <- err
 	}()
 	select {
@@ -342,7 +342,7 @@ func TestLostClaimCancelsFn(t *testing.T) {
 	var cause error
 	done := make(chan error, 1)
 	go func() {
-		_, err := idempotency.Do(ctx, st, "k", func(ctx context.Context) (int, error) {
+		_, err := idempotency.Do(ctx, st, "k", &idemOpts{Lease: 60 * time.Millisecond}, func(ctx context.Context) (int, error) {
 			close(started)
 			select {
 			case <-ctx.Done():
@@ -351,7 +351,7 @@ func TestLostClaimCancelsFn(t *testing.T) {
 			case <-time.After(5 * time.Second):
 				return 1, nil
 			}
-		}, &idemOpts{Lease: 60 * time.Millisecond})
+		})
 		done <- err
 	}()
 	<-started
@@ -374,7 +374,7 @@ func TestRenewalFailureCancelsFn(t *testing.T) {
 	f := &flaky{Store: testkit.MemoryDriver(testkit.DBName(t))}
 	st := openDriver(t, f, nil)
 	var cause error
-	_, err := idempotency.Do(context.Background(), st, "k", func(ctx context.Context) (int, error) {
+	_, err := idempotency.Do(context.Background(), st, "k", &idemOpts{Lease: 60 * time.Millisecond}, func(ctx context.Context) (int, error) {
 		f.down.Store(true)
 		select {
 		case <-ctx.Done():
@@ -383,7 +383,7 @@ func TestRenewalFailureCancelsFn(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			return 1, nil
 		}
-	}, &idemOpts{Lease: 60 * time.Millisecond})
+	})
 	if !errors.Is(err, idempotency.ErrLeaseLost) || !errors.Is(cause, errDown) || !errors.Is(cause, idempotency.ErrLeaseLost) {
 		t.Fatalf("Do = %v, cause = %v", err, cause)
 	}
@@ -398,14 +398,14 @@ func TestTransientRenewalErrorIsRetried(t *testing.T) {
 	ops := &testkit.OpCounter{}
 	st := openDriver(t, f, ops)
 	const lease = 150 * time.Millisecond
-	v, err := idempotency.Do(context.Background(), st, "k", func(ctx context.Context) (int, error) {
+	v, err := idempotency.Do(context.Background(), st, "k", &idemOpts{Lease: lease}, func(ctx context.Context) (int, error) {
 		f.failures.Store(2)
 		testkit.Eventually(t, 5*time.Second, "two renewals fail and one succeeds", func() bool {
 			return f.failures.Load() < 0 && ops.Get("idempotency.extend") >= 3
 		})
 		time.Sleep(lease) // past the first lease: only the retried renewal keeps it
 		return 5, context.Cause(ctx)
-	}, &idemOpts{Lease: lease})
+	})
 	if v != 5 || err != nil {
 		t.Fatalf("Do = %v, %v", v, err)
 	}
@@ -421,12 +421,12 @@ func TestPanicGivesTheKeyBack(t *testing.T) {
 				t.Errorf("recovered %v", r)
 			}
 		}()
-		_, _ = idempotency.Do(ctx, st, "k", func(context.Context) (int, error) { panic("kaboom") }, nil)
+		_, _ = idempotency.Do(ctx, st, "k", nil, func(context.Context) (int, error) { panic("kaboom") })
 	}()
 	if _, found, _ := st.Idempotency().Get(ctx, "k"); found {
 		t.Fatal("a panicking call kept the key")
 	}
-	if v, err := idempotency.Do(ctx, st, "k", func(context.Context) (int, error) { return 3, nil }, nil); v != 3 || err != nil {
+	if v, err := idempotency.Do(ctx, st, "k", nil, func(context.Context) (int, error) { return 3, nil }); v != 3 || err != nil {
 		t.Fatalf("retry: %v %v", v, err)
 	}
 }
@@ -442,27 +442,27 @@ func TestValidation(t *testing.T) {
 		{Retain: -1},
 		{PollMin: time.Second, PollMax: time.Millisecond},
 	} {
-		if _, err := idempotency.Do(ctx, st, "k", fn, &o); !errors.Is(err, warden.ErrInvalidArgument) {
+		if _, err := idempotency.Do(ctx, st, "k", &o, fn); !errors.Is(err, warden.ErrInvalidArgument) {
 			t.Errorf("options %+v: %v", o, err)
 		}
 	}
-	if _, err := idempotency.Do(ctx, st, "", fn, nil); !errors.Is(err, warden.ErrInvalidKey) {
+	if _, err := idempotency.Do(ctx, st, "", nil, fn); !errors.Is(err, warden.ErrInvalidKey) {
 		t.Errorf("empty key: %v", err)
 	}
-	if _, err := idempotency.Do(ctx, st, "k", fn, &idemOpts{Fingerprint: strings.Repeat("f", 600)}); !errors.Is(err, warden.ErrInvalidArgument) {
+	if _, err := idempotency.Do(ctx, st, "k", &idemOpts{Fingerprint: strings.Repeat("f", 600)}, fn); !errors.Is(err, warden.ErrInvalidArgument) {
 		t.Errorf("long fingerprint: %v", err)
 	}
-	if _, err := idempotency.Do(ctx, st, "k", fn, &idemOpts{Owner: strings.Repeat("o", 600)}); !errors.Is(err, warden.ErrInvalidKey) {
+	if _, err := idempotency.Do(ctx, st, "k", &idemOpts{Owner: strings.Repeat("o", 600)}, fn); !errors.Is(err, warden.ErrInvalidKey) {
 		t.Errorf("long owner: %v", err)
 	}
 	if _, err := idempotency.Do[int](ctx, st, "k", nil, nil); !errors.Is(err, warden.ErrInvalidArgument) {
 		t.Errorf("nil fn: %v", err)
 	}
-	if _, err := idempotency.Do(ctx, nil, "k", fn, nil); !errors.Is(err, warden.ErrInvalidArgument) {
+	if _, err := idempotency.Do(ctx, nil, "k", nil, fn); !errors.Is(err, warden.ErrInvalidArgument) {
 		t.Errorf("nil store: %v", err)
 	}
 	// PollMin alone above the default PollMax raises PollMax with it.
-	if _, err := idempotency.Do(ctx, st, "ok", func(context.Context) (int, error) { return 1, nil }, &idemOpts{PollMin: 2 * time.Second}); err != nil {
+	if _, err := idempotency.Do(ctx, st, "ok", &idemOpts{PollMin: 2 * time.Second}, func(context.Context) (int, error) { return 1, nil }); err != nil {
 		t.Errorf("PollMin only: %v", err)
 	}
 }
@@ -494,10 +494,10 @@ func TestCodecsAndBareRecords(t *testing.T) {
 	st := openStore(t, testkit.DBName(t), nil)
 	ctx := context.Background()
 	opts := &idemOpts{Codec: ptrCodec{}}
-	if v, err := idempotency.Do(ctx, st, "k", func(context.Context) (string, error) { return "héllo \"x\"", nil }, opts); err != nil || v != "héllo \"x\"" {
+	if v, err := idempotency.Do(ctx, st, "k", opts, func(context.Context) (string, error) { return "héllo \"x\"", nil }); err != nil || v != "héllo \"x\"" {
 		t.Fatalf("first: %q %v", v, err)
 	}
-	v, err := idempotency.Do(ctx, st, "k", func(context.Context) (string, error) { return "other", nil }, opts)
+	v, err := idempotency.Do(ctx, st, "k", opts, func(context.Context) (string, error) { return "other", nil })
 	if err != nil || v != "héllo \"x\"" {
 		t.Fatalf("duplicate with a custom codec: %q %v", v, err)
 	}
@@ -506,10 +506,10 @@ func TestCodecsAndBareRecords(t *testing.T) {
 	if err := st.Idempotency().Set(ctx, "bare", []byte(`{"id":"r-9","amount":5}`), time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	r, err := idempotency.Do(ctx, st, "bare", func(context.Context) (receipt, error) {
+	r, err := idempotency.Do(ctx, st, "bare", nil, func(context.Context) (receipt, error) {
 		t.Error("fn ran for a stored bare value")
 		return receipt{}, nil
-	}, nil)
+	})
 	if err != nil || r != (receipt{ID: "r-9", Amount: 5}) {
 		t.Fatalf("bare value: %+v %v", r, err)
 	}
@@ -517,7 +517,7 @@ func TestCodecsAndBareRecords(t *testing.T) {
 	if err := st.Idempotency().Set(ctx, "junk", []byte("not json"), time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := idempotency.Do(ctx, st, "junk", func(context.Context) (receipt, error) { return receipt{}, nil }, nil); err == nil {
+	if _, err := idempotency.Do(ctx, st, "junk", nil, func(context.Context) (receipt, error) { return receipt{}, nil }); err == nil {
 		t.Fatal("an undecodable record decoded as a success")
 	}
 	if _, found, err := idempotency.Result[receipt](ctx, st, "absent", nil); found || err != nil {
@@ -538,17 +538,17 @@ func TestResultNotStorableKeepsKeyBlocked(t *testing.T) {
 	charge := func(v string) func(context.Context) (string, error) {
 		return func(context.Context) (string, error) { runs.Add(1); return v, nil }
 	}
-	v, err := idempotency.Do(ctx, st, "big", charge(big), nil)
+	v, err := idempotency.Do(ctx, st, "big", nil, charge(big))
 	if v != big || !errors.Is(err, idempotency.ErrNotStored) || !errors.Is(err, warden.ErrValueTooLarge) {
 		t.Fatalf("Do = %d bytes, %v", len(v), err)
 	}
-	_, err = idempotency.Do(ctx, st, "bad", charge("x"), &idemOpts{Codec: failingCodec{}})
+	_, err = idempotency.Do(ctx, st, "bad", &idemOpts{Codec: failingCodec{}}, charge("x"))
 	if !errors.Is(err, idempotency.ErrNotStored) || !errors.Is(err, errBoom) {
 		t.Fatalf("Do with a failing codec: %v", err)
 	}
 	for _, key := range []string{"big", "bad"} {
 		for range 3 {
-			_, err := idempotency.Do(ctx, st, key, charge("again"), nil)
+			_, err := idempotency.Do(ctx, st, key, nil, charge("again"))
 			var se *idempotency.StoredError
 			if !errors.As(err, &se) || !strings.Contains(se.Message, "fn succeeded") {
 				t.Fatalf("retry of %q: %v, want a *StoredError saying fn succeeded", key, err)
@@ -572,19 +572,19 @@ func TestNoGoroutineLeaks(t *testing.T) {
 	st := openStore(t, testkit.DBName(t), nil)
 	ctx := context.Background()
 	opts := &idemOpts{Lease: 30 * time.Millisecond, PollMin: time.Millisecond, PollMax: 5 * time.Millisecond}
-	_, _ = idempotency.Do(ctx, st, "ok", func(context.Context) (int, error) { return 1, nil }, opts)
-	_, _ = idempotency.Do(ctx, st, "ok", func(context.Context) (int, error) { return 1, nil }, opts)
-	_, _ = idempotency.Do(ctx, st, "err", func(context.Context) (int, error) { return 0, errBoom }, opts)
+	_, _ = idempotency.Do(ctx, st, "ok", opts, func(context.Context) (int, error) { return 1, nil })
+	_, _ = idempotency.Do(ctx, st, "ok", opts, func(context.Context) (int, error) { return 1, nil })
+	_, _ = idempotency.Do(ctx, st, "err", opts, func(context.Context) (int, error) { return 0, errBoom })
 	func() {
 		defer func() { _ = recover() }()
-		_, _ = idempotency.Do(ctx, st, "panic", func(context.Context) (int, error) { panic("x") }, opts)
+		_, _ = idempotency.Do(ctx, st, "panic", opts, func(context.Context) (int, error) { panic("x") })
 	}()
-	_, _ = idempotency.Do(ctx, st, "slow", func(context.Context) (int, error) { time.Sleep(100 * time.Millisecond); return 1, nil }, opts)
+	_, _ = idempotency.Do(ctx, st, "slow", opts, func(context.Context) (int, error) { time.Sleep(100 * time.Millisecond); return 1, nil })
 	_, _, _ = st.Idempotency().Claim(ctx, "busy", "other", time.Minute, "")
 	cctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
-	_, _ = idempotency.Do(cctx, st, "busy", func(context.Context) (int, error) { return 1, nil }, opts)
+	_, _ = idempotency.Do(cctx, st, "busy", opts, func(context.Context) (int, error) { return 1, nil })
 	cancel()
-	_, _ = idempotency.Do(ctx, st, "lost", func(ctx context.Context) (int, error) {
+	_, _ = idempotency.Do(ctx, st, "lost", opts, func(ctx context.Context) (int, error) {
 		_, _ = st.Idempotency().Delete(ctx, "lost")
 		select {
 		case <-ctx.Done():
@@ -593,7 +593,7 @@ func TestNoGoroutineLeaks(t *testing.T) {
 			t.Error("the lost claim did not cancel fn")
 			return 0, nil
 		}
-	}, opts)
+	})
 	testkit.Eventually(t, 5*time.Second, "the goroutines end", func() bool { return runtime.NumGoroutine() <= base })
 }
 
@@ -642,11 +642,11 @@ func TestClaimDeadlineBeforeTakeover(t *testing.T) {
 		release := make(chan struct{})
 		done := make(chan error, 1)
 		go func() {
-			_, err := idempotency.Do(ctx, a, key, func(ctx context.Context) (int, error) {
+			_, err := idempotency.Do(ctx, a, key, &idemOpts{Lease: lease}, func(ctx context.Context) (int, error) {
 				entered <- ctx
 				<-release
 				return 1, nil
-			}, &idemOpts{Lease: lease})
+			})
 			done <- err
 		}()
 		actx := <-entered
@@ -657,10 +657,10 @@ func TestClaimDeadlineBeforeTakeover(t *testing.T) {
 		// The duplicate takes over once the store lets it, and checks, the
 		// moment its fn runs, that a's fn has been told.
 		var live bool
-		_, err := idempotency.Do(ctx, b, key, func(context.Context) (int, error) {
+		_, err := idempotency.Do(ctx, b, key, fast(idemOpts{Lease: lease, PollMin: time.Millisecond, PollMax: time.Millisecond}), func(context.Context) (int, error) {
 			live = actx.Err() == nil
 			return 2, nil
-		}, fast(idemOpts{Lease: lease, PollMin: time.Millisecond, PollMax: time.Millisecond}))
+		})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,9 +1,10 @@
-package cache
+package warden
 
 import "encoding/json"
 
-// Codec turns cached values into bytes and back. Implementations must be
-// safe for concurrent use.
+// Codec turns values into bytes and back for the portable packages that
+// store typed values: cache, idempotency and checkpoint. Implementations
+// must be safe for concurrent use.
 type Codec interface {
 	// Marshal encodes v.
 	Marshal(v any) ([]byte, error)
