@@ -302,7 +302,10 @@ func TestBrokenDouble(t *testing.T) {
 					t.Fatalf("the suite failed against the control double: %v\n%s", err, text)
 				}
 				passed := strings.Count(text, "--- PASS: TestBrokenDouble/"+d.name+"/")
-				if strings.Contains(text, "--- SKIP") || passed < 70 {
+				// The Faults group needs a server to put a proxy in front
+				// of; the doubles have none, so it alone may skip.
+				skips := strings.Count(text, "--- SKIP") - strings.Count(text, "--- SKIP: TestBrokenDouble/"+d.name+"/Faults")
+				if skips > 0 || passed < 70 {
 					t.Errorf("against the control double %d checks passed, and some were skipped or missing:\n%s", passed, text)
 				}
 				return
