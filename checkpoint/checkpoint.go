@@ -54,7 +54,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -79,28 +78,6 @@ var (
 // DefaultKeep is how many checkpoints Run keeps when Options.Keep is zero.
 const DefaultKeep = 10
 
-// releaseTimeout bounds the lock release Run makes after the task, which
-// is made even if the task's context has ended.
-const releaseTimeout = 5 * time.Second
-
-// Codec turns task states into bytes and back. Implementations must be
-// safe for concurrent use.
-type Codec interface {
-	// Marshal encodes v.
-	Marshal(v any) ([]byte, error)
-	// Unmarshal decodes data into v, a non-nil pointer.
-	Unmarshal(data []byte, v any) error
-}
-
-// JSONCodec is the default Codec: encoding/json.
-type JSONCodec struct{}
-
-// Marshal encodes v as JSON.
-func (JSONCodec) Marshal(v any) ([]byte, error) { return json.Marshal(v) }
-
-// Unmarshal decodes JSON data into v.
-func (JSONCodec) Unmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }
-
 // Options configure Run. The zero value (or nil) keeps the newest 10
 // checkpoints, deletes them on success, encodes states as JSON and takes
 // no lock.
@@ -115,8 +92,8 @@ type Options struct {
 	// KeepOnSuccess keeps the task's checkpoints when fn succeeds. false:
 	// they are all deleted.
 	KeepOnSuccess bool
-	// Codec encodes states. Nil: JSONCodec.
-	Codec Codec
+	// Codec encodes states. Nil: warden.JSONCodec.
+	Codec warden.Codec
 	// Lock guards the task with a lock so that it never runs twice at
 	// once, and fences every save with the lease's token (see the package
 	// documentation). Setting Locker or LockOptions also enables it.
@@ -152,7 +129,7 @@ type Options struct {
 // also fenced, so it deletes nothing once a newer holder has fenced the
 // task (an error matching ErrStale). Panics in fn are not recovered; the
 // lock is released on the way out.
-func Run[T any](ctx context.Context, st *warden.Store, taskID string, fn func(ctx context.Context, cp *Cursor[T]) error, opts *Options) (err error) {
+func Run[T any](ctx context.Context, st *warden.Store, taskID string, opts *Options, fn func(ctx context.Context, cp *Cursor[T]) error) (err error) {
 	var o Options
 	if opts != nil {
 		o = *opts
@@ -175,7 +152,7 @@ func Run[T any](ctx context.Context, st *warden.Store, taskID string, fn func(ct
 		o.CleanupEvery = 1
 	}
 	if o.Codec == nil {
-		o.Codec = JSONCodec{}
+		o.Codec = warden.JSONCodec{}
 	}
 
 	cur := &Cursor[T]{st: st, taskID: taskID, codec: o.Codec, keep: o.Keep, every: o.CleanupEvery}
@@ -189,24 +166,20 @@ func Run[T any](ctx context.Context, st *warden.Store, taskID string, fn func(ct
 		}
 		defer locker.Close()
 	}
-	under := func(fctx context.Context, lease *lock.Lease) error {
-		cur.lease, cur.token = lease, lease.Token()
-		return runTask(ctx, fctx, st, cur, fn, o)
-	}
+	// Lease.Run (lock.Do's core) gives fn a context derived from the
+	// lease's: a loss cancels it in the same instant, and its Err consults
+	// the lease's clock.
+	var lease *lock.Lease
 	if o.NoWait {
-		lease, terr := locker.TryAcquire(ctx, LockKey(taskID))
-		if terr != nil {
-			return terr
-		}
-		err = underLease(ctx, st, taskID, lease, under)
+		lease, err = locker.TryAcquire(ctx, LockKey(taskID))
 	} else {
-		// lock.Do gives fn a context derived from the lease's: a loss
-		// cancels it in the same instant, and its Err consults the
-		// lease's clock.
-		err = lock.Do(ctx, locker, LockKey(taskID), func(fctx context.Context) error {
-			return under(fctx, lock.LeaseFromContext(fctx))
-		})
+		lease, err = locker.Acquire(ctx, LockKey(taskID))
 	}
+	if err != nil {
+		return err
+	}
+	cur.lease, cur.token = lease, lease.Token()
+	err = lease.Run(ctx, func(fctx context.Context) error { return runTask(ctx, fctx, st, cur, fn, o) })
 	if err == lock.ErrLeaseLost { // the bare sentinel: the task returned nil, but the lease was lost
 		err = fmt.Errorf("checkpoint: task %q: %w", taskID, err)
 	}
@@ -267,51 +240,6 @@ func runTask[T any](ctx, fctx context.Context, st *warden.Store, cur *Cursor[T],
 	return nil
 }
 
-// underLease runs f under lease, which TryAcquire took (NoWait), the way
-// lock.Do runs fn under the lease it waits for: f's context is derived
-// from the lease's, so that a loss cancels it in the same instant, its Err
-// consults the lease's clock, and ctx's end is passed on to it; the lease
-// is released when f returns (even if ctx has ended, within
-// releaseTimeout), and if the lease was lost the error matches
-// lock.ErrLeaseLost.
-func underLease(ctx context.Context, st *warden.Store, taskID string, lease *lock.Lease, f func(context.Context, *lock.Lease) error) (err error) {
-	cctx, cancel := context.WithCancelCause(lease.Context())
-	unhook := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
-	defer func() {
-		unhook()
-		cancel(context.Canceled)
-		lost := errors.Is(lease.Err(), lock.ErrLeaseLost)
-		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-		rerr := lease.Release(rctx)
-		rcancel()
-		switch {
-		case lost || errors.Is(rerr, lock.ErrNotHeld):
-			if err == nil {
-				err = lock.ErrLeaseLost
-			} else if !errors.Is(err, lock.ErrLeaseLost) {
-				err = errors.Join(err, lock.ErrLeaseLost)
-			}
-		case rerr != nil:
-			st.Logger().Warn("warden checkpoint: releasing the task lock failed; it lapses at its expiry",
-				"task", taskID, "err", rerr)
-		}
-	}()
-	return f(leaseCtx{cctx, lease}, lease)
-}
-
-// leaseCtx is a context derived from a lease's whose Err, like the
-// lease's, consults the clock: from the lease's deadline on it reports
-// the loss even if no timer has fired yet.
-type leaseCtx struct {
-	context.Context
-	lease *lock.Lease
-}
-
-func (c leaseCtx) Err() error {
-	_ = c.lease.Err() // ends the lease, and so this context, once its deadline has passed
-	return c.Context.Err()
-}
-
 // LockKey returns the lock key that guards taskID with Options.Lock:
 // "checkpoint:" + taskID, or "checkpoint#" + the hex SHA-256 of taskID
 // when that would be longer than a key may be.
@@ -329,7 +257,7 @@ func LockKey(taskID string) string {
 type Cursor[T any] struct {
 	st     *warden.Store
 	taskID string
-	codec  Codec
+	codec  warden.Codec
 	keep   int
 	every  int
 	lease  *lock.Lease // nil without Options.Lock
@@ -438,11 +366,13 @@ func (c *Cursor[T]) SaveETA(ctx context.Context, state T, progress float64, eta 
 // operator helpers
 
 // Latest returns taskID's newest checkpoint and its state decoded with
-// codec (nil: JSONCodec), or ErrNotFound.
-func Latest[T any](ctx context.Context, st *warden.Store, taskID string, codec Codec) (T, driver.Checkpoint, error) {
+// opts.Codec (nil opts or Codec: warden.JSONCodec), or ErrNotFound. The
+// other options do not apply.
+func Latest[T any](ctx context.Context, st *warden.Store, taskID string, opts *Options) (T, driver.Checkpoint, error) {
 	var state T
-	if codec == nil {
-		codec = JSONCodec{}
+	var codec warden.Codec = warden.JSONCodec{}
+	if opts != nil && opts.Codec != nil {
+		codec = opts.Codec
 	}
 	cp, found, err := st.Checkpoints().Latest(ctx, taskID)
 	if err != nil {

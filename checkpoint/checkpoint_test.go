@@ -79,12 +79,12 @@ func TestResumeAfterFailure(t *testing.T) {
 		}
 	}
 
-	err := checkpoint.Run(ctx, st, "job", func(ctx context.Context, cp *checkpoint.Cursor[progress]) error {
+	err := checkpoint.Run(ctx, st, "job", nil, func(ctx context.Context, cp *checkpoint.Cursor[progress]) error {
 		if _, ok := cp.State(); ok || cp.Resumed() || cp.Progress() != 0 {
 			t.Error("a fresh task reports a saved state")
 		}
 		return work(3)(ctx, cp)
-	}, nil)
+	})
 	if !errors.Is(err, failure) {
 		t.Fatalf("first run: err = %v, want the task's error", err)
 	}
@@ -92,7 +92,7 @@ func TestResumeAfterFailure(t *testing.T) {
 		t.Fatalf("checkpoints after the failure = %v, want [1 2 3]", got)
 	}
 
-	err = checkpoint.Run(ctx, st, "job", func(ctx context.Context, cp *checkpoint.Cursor[progress]) error {
+	err = checkpoint.Run(ctx, st, "job", nil, func(ctx context.Context, cp *checkpoint.Cursor[progress]) error {
 		s, ok := cp.State()
 		if !ok || !cp.Resumed() || s.Done != 3 || len(s.Notes) != 3 || cp.Progress() != 50 {
 			return fmt.Errorf("resumed with %+v, %v, progress %v; want the third save", s, ok, cp.Progress())
@@ -101,7 +101,7 @@ func TestResumeAfterFailure(t *testing.T) {
 			return fmt.Errorf("Last = %+v, %v", last, ok)
 		}
 		return work(-1)(ctx, cp)
-	}, nil)
+	})
 	if err != nil {
 		t.Fatalf("second run: %v", err)
 	}
@@ -122,7 +122,7 @@ func TestSequencesKeepAndCleanup(t *testing.T) {
 	stop := errors.New("stop")
 	saveN := func(task string, n int, opts *checkpoint.Options, check func(i int)) {
 		t.Helper()
-		err := checkpoint.Run(ctx, st, task, func(ctx context.Context, cp *checkpoint.Cursor[int]) error {
+		err := checkpoint.Run(ctx, st, task, opts, func(ctx context.Context, cp *checkpoint.Cursor[int]) error {
 			for i := 1; i <= n; i++ {
 				if err := cp.SaveETA(ctx, i, float64(i), time.Duration(n-i)*time.Second); err != nil {
 					return err
@@ -135,7 +135,7 @@ func TestSequencesKeepAndCleanup(t *testing.T) {
 				}
 			}
 			return stop
-		}, opts)
+		})
 		if !errors.Is(err, stop) {
 			t.Fatalf("Run: %v", err)
 		}
@@ -189,9 +189,9 @@ func TestSequencesKeepAndCleanup(t *testing.T) {
 func TestKeepOnSuccess(t *testing.T) {
 	ctx := context.Background()
 	st := stores(t, 1)[0]
-	err := checkpoint.Run(ctx, st, "kept", func(ctx context.Context, cp *checkpoint.Cursor[string]) error {
+	err := checkpoint.Run(ctx, st, "kept", &checkpoint.Options{KeepOnSuccess: true}, func(ctx context.Context, cp *checkpoint.Cursor[string]) error {
 		return cp.Save(ctx, "final", 100)
-	}, &checkpoint.Options{KeepOnSuccess: true})
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,18 +206,18 @@ func TestArgumentErrors(t *testing.T) {
 	st := stores(t, 1)[0]
 	called := false
 	fn := func(context.Context, *checkpoint.Cursor[int]) error { called = true; return nil }
-	if err := checkpoint.Run(ctx, st, "", fn, nil); !errors.Is(err, warden.ErrInvalidKey) {
+	if err := checkpoint.Run(ctx, st, "", nil, fn); !errors.Is(err, warden.ErrInvalidKey) {
 		t.Fatalf("empty task id: err = %v, want ErrInvalidKey", err)
 	}
-	if err := checkpoint.Run(ctx, st, "t", fn, &checkpoint.Options{Keep: -1}); !errors.Is(err, warden.ErrInvalidArgument) {
+	if err := checkpoint.Run(ctx, st, "t", &checkpoint.Options{Keep: -1}, fn); !errors.Is(err, warden.ErrInvalidArgument) {
 		t.Fatalf("negative Keep: err = %v, want ErrInvalidArgument", err)
 	}
 	if called {
 		t.Fatal("fn ran despite invalid arguments")
 	}
-	err := checkpoint.Run(ctx, st, "t", func(ctx context.Context, cp *checkpoint.Cursor[int]) error {
+	err := checkpoint.Run(ctx, st, "t", nil, func(ctx context.Context, cp *checkpoint.Cursor[int]) error {
 		return cp.Save(ctx, 1, 101)
-	}, nil)
+	})
 	if !errors.Is(err, warden.ErrInvalidArgument) {
 		t.Fatalf("progress 101: err = %v, want ErrInvalidArgument", err)
 	}
@@ -226,7 +226,7 @@ func TestArgumentErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	called = false
-	if err := checkpoint.Run(ctx, st, "bad", fn, nil); err == nil || called {
+	if err := checkpoint.Run(ctx, st, "bad", nil, fn); err == nil || called {
 		t.Fatalf("undecodable checkpoint: err = %v, fn called %v", err, called)
 	}
 }
@@ -263,7 +263,7 @@ func TestZombieSaveRefusedAfterTakeover(t *testing.T) {
 	var aToken int64
 	aRun := make(chan error, 1)
 	go func() {
-		aRun <- checkpoint.Run(ctx, sts[0], "task", func(ctx context.Context, cp *checkpoint.Cursor[string]) error {
+		aRun <- checkpoint.Run(ctx, sts[0], "task", opts, func(ctx context.Context, cp *checkpoint.Cursor[string]) error {
 			aToken = cp.Token()
 			if err := cp.Save(ctx, "a1", 10); err != nil {
 				return err
@@ -272,7 +272,7 @@ func TestZombieSaveRefusedAfterTakeover(t *testing.T) {
 			<-bDone
 			aLateErr = cp.Save(ctx, "a-late", 20)
 			return aLateErr
-		}, opts)
+		})
 	}()
 	<-aSaved
 
@@ -280,7 +280,7 @@ func TestZombieSaveRefusedAfterTakeover(t *testing.T) {
 	if ok, err := sts[1].Locks().ForceRelease(ctx, checkpoint.LockKey("task")); err != nil || !ok {
 		t.Fatalf("ForceRelease = %v, %v", ok, err)
 	}
-	err := checkpoint.Run(ctx, sts[1], "task", func(ctx context.Context, cp *checkpoint.Cursor[string]) error {
+	err := checkpoint.Run(ctx, sts[1], "task", opts, func(ctx context.Context, cp *checkpoint.Cursor[string]) error {
 		if cp.Token() <= aToken {
 			return fmt.Errorf("B's token %d is not above A's %d", cp.Token(), aToken)
 		}
@@ -288,7 +288,7 @@ func TestZombieSaveRefusedAfterTakeover(t *testing.T) {
 			return fmt.Errorf("B resumed from %q, want a1", s)
 		}
 		return cp.Save(ctx, "b1", 50)
-	}, opts)
+	})
 	if err != nil {
 		t.Fatalf("B: %v", err)
 	}
@@ -320,7 +320,7 @@ func TestFenceClosesZombieWindows(t *testing.T) {
 	var aToken int64
 	aRun := make(chan error, 1)
 	go func() {
-		aRun <- checkpoint.Run(ctx, sts[0], task, func(ctx context.Context, cp *checkpoint.Cursor[string]) error {
+		aRun <- checkpoint.Run(ctx, sts[0], task, opts, func(ctx context.Context, cp *checkpoint.Cursor[string]) error {
 			aToken = cp.Token()
 			if err := cp.Save(ctx, "a1", 10); err != nil {
 				return err
@@ -328,7 +328,7 @@ func TestFenceClosesZombieWindows(t *testing.T) {
 			close(aSaved)
 			<-bDone
 			return nil
-		}, opts)
+		})
 	}()
 	<-aSaved
 	// A's late save goes straight to the store, as a save already on its
@@ -341,7 +341,7 @@ func TestFenceClosesZombieWindows(t *testing.T) {
 	if ok, err := sts[1].Locks().ForceRelease(ctx, checkpoint.LockKey(task)); err != nil || !ok {
 		t.Fatalf("ForceRelease = %v, %v", ok, err)
 	}
-	err := checkpoint.Run(ctx, sts[1], task, func(ctx context.Context, cp *checkpoint.Cursor[string]) error {
+	err := checkpoint.Run(ctx, sts[1], task, opts, func(ctx context.Context, cp *checkpoint.Cursor[string]) error {
 		if cp.Token() <= aToken {
 			return fmt.Errorf("B's token %d is not above A's %d", cp.Token(), aToken)
 		}
@@ -356,7 +356,7 @@ func TestFenceClosesZombieWindows(t *testing.T) {
 			return fmt.Errorf("newest checkpoint after the refused save = %q, %v; want a1", s, err)
 		}
 		return cp.Save(ctx, "b1", 100)
-	}, opts)
+	})
 	if err != nil {
 		t.Fatalf("B: %v", err)
 	}
@@ -386,10 +386,10 @@ func TestRunRefusesStaleToken(t *testing.T) {
 		t.Fatalf("Fence = %v, %v", ok, err)
 	}
 	called := false
-	err := checkpoint.Run(ctx, st, "ahead", func(context.Context, *checkpoint.Cursor[int]) error {
+	err := checkpoint.Run(ctx, st, "ahead", &checkpoint.Options{Lock: true}, func(context.Context, *checkpoint.Cursor[int]) error {
 		called = true
 		return nil
-	}, &checkpoint.Options{Lock: true})
+	})
 	if !errors.Is(err, checkpoint.ErrStale) || !errors.Is(err, lock.ErrLeaseLost) || called {
 		t.Fatalf("Run with a token below the fence: err = %v, fn called %v; want ErrStale before fn", err, called)
 	}
@@ -407,7 +407,7 @@ func TestLostLeaseCancelsTask(t *testing.T) {
 	var cause, saveErr error
 	aRun := make(chan error, 1)
 	go func() {
-		aRun <- checkpoint.Run(ctx, sts[0], "task", func(ctx context.Context, cp *checkpoint.Cursor[int]) error {
+		aRun <- checkpoint.Run(ctx, sts[0], "task", opts, func(ctx context.Context, cp *checkpoint.Cursor[int]) error {
 			if err := cp.Save(ctx, 1, 10); err != nil {
 				return err
 			}
@@ -420,7 +420,7 @@ func TestLostLeaseCancelsTask(t *testing.T) {
 			cause = context.Cause(ctx)
 			saveErr = cp.Save(context.Background(), 2, 20)
 			return nil // the task believes it finished
-		}, opts)
+		})
 	}()
 	<-started
 	if ok, err := sts[1].Locks().ForceRelease(ctx, checkpoint.LockKey("task")); err != nil || !ok {
@@ -452,7 +452,7 @@ func TestLossCancelsTaskAtOnce(t *testing.T) {
 		t.Run(fmt.Sprint("NoWait=", noWait), func(t *testing.T) {
 			sts := stores(t, 2)
 			const task = "instant"
-			err := checkpoint.Run(context.Background(), sts[0], task, func(ctx context.Context, cp *checkpoint.Cursor[int]) error {
+			err := checkpoint.Run(context.Background(), sts[0], task, &checkpoint.Options{Lock: true, NoWait: noWait}, func(ctx context.Context, cp *checkpoint.Cursor[int]) error {
 				lease := cp.Lease()
 				if lease == nil || lease.Token() != cp.Token() {
 					return fmt.Errorf("Cursor.Lease = %v, want the task's lease", lease)
@@ -478,7 +478,7 @@ func TestLossCancelsTaskAtOnce(t *testing.T) {
 					return fmt.Errorf("cause of the task's cancellation = %v, want ErrLeaseLost", cause)
 				}
 				return nil
-			}, &checkpoint.Options{Lock: true, NoWait: noWait})
+			})
 			if !errors.Is(err, lock.ErrLeaseLost) || !strings.Contains(err.Error(), task) {
 				t.Fatalf("Run: %v, want ErrLeaseLost naming the task and nothing else", err)
 			}
@@ -498,7 +498,7 @@ func TestLockedRunsNeverOverlap(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs <- checkpoint.Run(ctx, st, "shared", func(ctx context.Context, cp *checkpoint.Cursor[int]) error {
+			errs <- checkpoint.Run(ctx, st, "shared", &checkpoint.Options{Lock: true, KeepOnSuccess: true, LockOptions: &lock.Options{RetryMax: 10 * time.Millisecond}}, func(ctx context.Context, cp *checkpoint.Cursor[int]) error {
 				n := active.Add(1)
 				defer active.Add(-1)
 				for {
@@ -518,7 +518,7 @@ func TestLockedRunsNeverOverlap(t *testing.T) {
 				}
 				time.Sleep(2 * time.Millisecond) // widen the window an overlap would need
 				return nil
-			}, &checkpoint.Options{Lock: true, KeepOnSuccess: true, LockOptions: &lock.Options{RetryMax: 10 * time.Millisecond}})
+			})
 		}()
 	}
 	wg.Wait()
@@ -551,22 +551,22 @@ func TestNoWaitAndSharedLocker(t *testing.T) {
 		t.Fatal(err)
 	}
 	called := false
-	err = checkpoint.Run(ctx, st, "busy", func(context.Context, *checkpoint.Cursor[int]) error {
+	err = checkpoint.Run(ctx, st, "busy", &checkpoint.Options{Lock: true, NoWait: true}, func(context.Context, *checkpoint.Cursor[int]) error {
 		called = true
 		return nil
-	}, &checkpoint.Options{Lock: true, NoWait: true})
+	})
 	if !errors.Is(err, lock.ErrLocked) || called {
 		t.Fatalf("NoWait on a locked task: err = %v, fn called %v; want ErrLocked", err, called)
 	}
 	if err := held.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	err = checkpoint.Run(ctx, st, "busy", func(ctx context.Context, cp *checkpoint.Cursor[int]) error {
+	err = checkpoint.Run(ctx, st, "busy", &checkpoint.Options{Locker: locker, NoWait: true}, func(ctx context.Context, cp *checkpoint.Cursor[int]) error {
 		if cp.Token() <= held.Token() {
 			return fmt.Errorf("token %d not above the earlier holding's %d", cp.Token(), held.Token())
 		}
 		return cp.Save(ctx, 1, 100)
-	}, &checkpoint.Options{Locker: locker, NoWait: true})
+	})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,7 +35,7 @@ func Example() {
 	}
 
 	for {
-		err := checkpoint.Run(ctx, st, "nightly-export", task, &checkpoint.Options{Lock: true})
+		err := checkpoint.Run(ctx, st, "nightly-export", &checkpoint.Options{Lock: true}, task)
 		fmt.Println("run:", err)
 		if err == nil {
 			break

@@ -344,14 +344,14 @@ func (s *suite) cpRunAfterZombieSave(t *testing.T) {
 	bDone := make(chan struct{})
 	aRun := make(chan error, 1)
 	go func() {
-		aRun <- checkpoint.Run(ctx, stA, task, func(ctx context.Context, cp *checkpoint.Cursor[string]) error {
+		aRun <- checkpoint.Run(ctx, stA, task, opts, func(ctx context.Context, cp *checkpoint.Cursor[string]) error {
 			if err := cp.Save(ctx, "a1", 10); err != nil {
 				return err
 			}
 			cursorA <- cp
 			<-bDone
 			return errInjected
-		}, opts)
+		})
 	}()
 	var cpA *checkpoint.Cursor[string]
 	select {
@@ -372,12 +372,12 @@ func (s *suite) cpRunAfterZombieSave(t *testing.T) {
 	if ok, err := stB.Locks().ForceRelease(ctx, checkpoint.LockKey(task)); err != nil || !ok {
 		t.Fatalf("ForceRelease of A's lock: ok=%v err=%v", ok, err)
 	}
-	err := checkpoint.Run(ctx, stB, task, func(ctx context.Context, cp *checkpoint.Cursor[string]) error {
+	err := checkpoint.Run(ctx, stB, task, opts, func(ctx context.Context, cp *checkpoint.Cursor[string]) error {
 		if !cp.Resumed() {
 			return errors.New("worker B did not resume from A's checkpoint")
 		}
 		return cp.Save(ctx, "b1", 100)
-	}, opts)
+	})
 	fatalIf(t, "worker B's Run", err)
 	resume()
 	if lateErr != nil && !errors.Is(lateErr, checkpoint.ErrStale) {
@@ -387,12 +387,12 @@ func (s *suite) cpRunAfterZombieSave(t *testing.T) {
 	if state, cp, err := checkpoint.Latest[string](ctx, stB, task, nil); !errors.Is(err, checkpoint.ErrNotFound) {
 		t.Errorf("after B's success and A's late save, Latest = %q (%s, token %d), err=%v; want ErrNotFound", state, cp.ID, cp.Token, err)
 	}
-	err = checkpoint.Run(ctx, stB, task, func(ctx context.Context, cp *checkpoint.Cursor[string]) error {
+	err = checkpoint.Run(ctx, stB, task, opts, func(ctx context.Context, cp *checkpoint.Cursor[string]) error {
 		if state, ok := cp.State(); ok {
 			return fmt.Errorf("the next run resumed from %q, a zombie's stale state", state)
 		}
 		return nil
-	}, opts)
+	})
 	errorIf(t, "the next Run", err)
 }
 

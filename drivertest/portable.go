@@ -284,7 +284,7 @@ func (s *suite) smokeCheckpoint(t *testing.T) {
 	ctx := testCtx(t)
 	const task = "smoke-task"
 	opts := &checkpoint.Options{Lock: true, LockOptions: &lock.Options{TTL: 10 * time.Second}}
-	err := checkpoint.Run(ctx, st, task, func(ctx context.Context, cp *checkpoint.Cursor[int]) error {
+	err := checkpoint.Run(ctx, st, task, opts, func(ctx context.Context, cp *checkpoint.Cursor[int]) error {
 		if v, ok := cp.State(); ok || cp.Resumed() {
 			t.Errorf("a fresh task starts from state %d (resumed=%v)", v, cp.Resumed())
 		}
@@ -294,7 +294,7 @@ func (s *suite) smokeCheckpoint(t *testing.T) {
 			}
 		}
 		return errInjected
-	}, opts)
+	})
 	if !errors.Is(err, errInjected) {
 		t.Fatalf("a failing task: Run returned %v, want its error", err)
 	}
@@ -303,7 +303,7 @@ func (s *suite) smokeCheckpoint(t *testing.T) {
 	if state != 3 || last.Token <= 0 {
 		t.Errorf("after the failure the latest checkpoint holds state %d with token %d, want 3 with the lease's token", state, last.Token)
 	}
-	err = checkpoint.Run(ctx, st, task, func(ctx context.Context, cp *checkpoint.Cursor[int]) error {
+	err = checkpoint.Run(ctx, st, task, opts, func(ctx context.Context, cp *checkpoint.Cursor[int]) error {
 		v, ok := cp.State()
 		if !ok || v != 3 || !cp.Resumed() {
 			t.Errorf("the second run starts from state %d (found=%v, resumed=%v), want 3", v, ok, cp.Resumed())
@@ -317,7 +317,7 @@ func (s *suite) smokeCheckpoint(t *testing.T) {
 			}
 		}
 		return nil
-	}, opts)
+	})
 	errorIf(t, "the resumed run", err)
 	cps, err := checkpoint.List(ctx, st, task)
 	fatalIf(t, "checkpoint.List", err)

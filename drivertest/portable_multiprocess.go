@@ -421,7 +421,7 @@ func childCacheLoad(ctx context.Context, st *warden.Store, cfg childConfig, res 
 // childCheckpointVictim runs the task Key under its lock, saves steps 1 to
 // StopAt, writes StopAt to the saved file and blocks until it is killed.
 func childCheckpointVictim(ctx context.Context, st *warden.Store, cfg childConfig, res *childResult, mu *sync.Mutex, fail func(string, ...any)) {
-	err := checkpoint.Run(ctx, st, cfg.Key, func(ctx context.Context, cp *checkpoint.Cursor[int]) error {
+	err := checkpoint.Run(ctx, st, cfg.Key, &checkpoint.Options{Lock: true, LockOptions: &lock.Options{TTL: cfg.TTL}}, func(ctx context.Context, cp *checkpoint.Cursor[int]) error {
 		if v, ok := cp.State(); ok {
 			return fmt.Errorf("a fresh task starts from state %d", v)
 		}
@@ -435,7 +435,7 @@ func childCheckpointVictim(ctx context.Context, st *warden.Store, cfg childConfi
 		}
 		<-ctx.Done() // the parent kills this process here
 		return ctx.Err()
-	}, &checkpoint.Options{Lock: true, LockOptions: &lock.Options{TTL: cfg.TTL}})
+	})
 	fail("the task was not killed: Run returned %v", err)
 }
 
@@ -965,7 +965,7 @@ func (s *suite) portableCheckpointKill(t *testing.T) {
 	opts := &checkpoint.Options{Lock: true, LockOptions: &lock.Options{TTL: ttl}}
 	runCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	err = checkpoint.Run(runCtx, st, task, func(ctx context.Context, cp *checkpoint.Cursor[int]) error {
+	err = checkpoint.Run(runCtx, st, task, opts, func(ctx context.Context, cp *checkpoint.Cursor[int]) error {
 		entered = time.Now()
 		from, has = cp.State()
 		resumed, token = cp.Resumed(), cp.Token()
@@ -975,7 +975,7 @@ func (s *suite) portableCheckpointKill(t *testing.T) {
 			}
 		}
 		return nil
-	}, opts)
+	})
 	fatalIf(t, "the run after the kill", err)
 	if !has || from != stopAt || !resumed {
 		t.Errorf("the run after the kill started from state %d (found=%v, resumed=%v), want %d", from, has, resumed, stopAt)

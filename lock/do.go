@@ -19,11 +19,24 @@ import (
 // The release is made even if ctx has ended, bounded by the Locker's TTL
 // (past it the holding lapses anyway); a failed release is logged at Warn
 // rather than returned, since fn ran under the lock.
-func Do(ctx context.Context, l *Locker, key string, fn func(ctx context.Context) error) (err error) {
+func Do(ctx context.Context, l *Locker, key string, fn func(ctx context.Context) error) error {
 	s, err := l.Acquire(ctx, key)
 	if err != nil {
 		return err
 	}
+	return s.Run(ctx, fn)
+}
+
+// Run runs fn under the lease — one taken with TryAcquire, say — the way
+// Do does: fn's context is derived from the lease's (a loss cancels it in
+// the same instant, and its Err consults the lease's clock), ctx's end is
+// passed on to it, LeaseFromContext gives the lease back, and the lease
+// is released when fn returns or panics, even if ctx has ended (bounded
+// by the Locker's TTL). fn's error is returned; if the lease was lost
+// before it was released, the result also matches ErrLeaseLost. A failed
+// release is logged at Warn rather than returned.
+func (s *Lease) Run(ctx context.Context, fn func(ctx context.Context) error) (err error) {
+	l := s.l
 	// fn's context is derived from the lease's, so that a loss cancels it
 	// in the same instant (and its Err consults the lease's clock); ctx's
 	// own end is passed on to it.
@@ -44,7 +57,7 @@ func Do(ctx context.Context, l *Locker, key string, fn func(ctx context.Context)
 			}
 		case rerr != nil:
 			l.log.Warn("warden: lock release failed; the holding lapses at its expiry",
-				"store", l.st.Name(), "key", key, "owner", l.owner, "token", s.Token(), "error", rerr)
+				"store", l.st.Name(), "key", s.key, "owner", l.owner, "token", s.Token(), "error", rerr)
 		}
 	}()
 	return fn(fctx)
