@@ -184,23 +184,48 @@ type Circuits struct {
 	d driver.Circuits
 }
 
-// RecordFailure adds one failure to the circuit; see driver.Circuits.
+// RecordFailure adds one failure to the circuit, whatever its generation
+// (RecordFailureGen with driver.AnyGeneration); see driver.Circuits.
 func (c *Circuits) RecordFailure(ctx context.Context, name string, threshold int) (rec driver.CircuitRecord, err error) {
+	return c.RecordFailureGen(ctx, name, threshold, driver.AnyGeneration)
+}
+
+// RecordFailureGen adds one failure to the circuit if it is still in
+// generation gen (driver.CircuitRecord.Generation), or whatever its
+// generation with driver.AnyGeneration; otherwise it changes nothing and
+// returns the current record. See driver.Circuits.
+func (c *Circuits) RecordFailureGen(ctx context.Context, name string, threshold int, gen int64) (rec driver.CircuitRecord, err error) {
 	var aerr error
-	if threshold < 1 {
+	switch {
+	case threshold < 1:
 		aerr = fmt.Errorf("%w: threshold %d is under 1", ErrInvalidArgument, threshold)
+	case gen < driver.AnyGeneration:
+		aerr = fmt.Errorf("%w: circuit generation %d", ErrInvalidArgument, gen)
 	}
 	err = c.s.check(ctx, "circuit.record-failure", name, firstErr(ValidateKey(name), aerr), func() (err error) {
-		rec, err = c.d.RecordFailure(ctx, name, threshold)
+		rec, err = c.d.RecordFailure(ctx, name, threshold, gen)
 		return err
 	})
 	return rec, err
 }
 
-// RecordSuccess records a success; see driver.Circuits.
+// RecordSuccess records a success, whatever the circuit's generation
+// (RecordSuccessGen with driver.AnyGeneration); see driver.Circuits.
 func (c *Circuits) RecordSuccess(ctx context.Context, name string) (rec driver.CircuitRecord, err error) {
-	err = c.s.check(ctx, "circuit.record-success", name, ValidateKey(name), func() (err error) {
-		rec, err = c.d.RecordSuccess(ctx, name)
+	return c.RecordSuccessGen(ctx, name, driver.AnyGeneration)
+}
+
+// RecordSuccessGen records a success if the circuit is still in
+// generation gen, or whatever its generation with driver.AnyGeneration;
+// otherwise it changes nothing and returns the current record. See
+// driver.Circuits.
+func (c *Circuits) RecordSuccessGen(ctx context.Context, name string, gen int64) (rec driver.CircuitRecord, err error) {
+	var aerr error
+	if gen < driver.AnyGeneration {
+		aerr = fmt.Errorf("%w: circuit generation %d", ErrInvalidArgument, gen)
+	}
+	err = c.s.check(ctx, "circuit.record-success", name, firstErr(ValidateKey(name), aerr), func() (err error) {
+		rec, err = c.d.RecordSuccess(ctx, name, gen)
 		return err
 	})
 	return rec, err

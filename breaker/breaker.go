@@ -35,23 +35,45 @@
 // probe re-opens it for another OpenFor. The probe slot is a lease of
 // ProbeLease: if the prober dies, another caller may probe once it lapses.
 //
-// The open period is measured with the local clock from the moment this
-// process learned that the circuit opened, corrected by how long it had
-// already been open according to the store's own timestamps, so no store
-// timestamp is ever compared with the local clock; the store decides in the
-// end (TryProbe refuses a probe that comes too early).
+// The open period runs on the local clock only from an opening this
+// Breaker saw happen (its own failure, or a notification of it). A circuit
+// found open by a read may have been open for any time — a new process
+// after a deploy meets circuits that opened long ago — so its next call
+// asks the store for the probe slot at once; the store's TryProbe judges
+// by its own clock and refuses a probe that comes too early, after which
+// the Breaker asks again at most every SyncInterval. No store timestamp is
+// ever compared with the local clock.
 //
-// # When the store is unreachable
+// # Generations
 //
-// The Breaker keeps working on its local view and counts the store errors
-// in Stats. By default it fails open: calls keep running, failures are
-// counted locally and open the circuit locally at Threshold, and after
-// OpenFor the local view lets one call at a time through as a probe. With
-// FailClosed every call is rejected (with an error matching ErrOpen that
-// wraps the store error) until the store answers again. Failures counted
-// while the store was unreachable are not replayed: once the store answers,
-// its record is the truth again. The Breaker logs one warning per outage
-// to the store's logger.
+// Every opening starts a new generation of the circuit (its OpenedAt). A
+// call carries the generation it was admitted in, and the store applies
+// its outcome only if the circuit is still in that generation, in the
+// same atomic operation: a slow call admitted while the circuit was
+// closed cannot close it once it has re-opened or while another process
+// probes it, and its late failure does not count against the new
+// generation.
+//
+// # When the store is unreachable or slow
+//
+// Store work made while a caller waits is bounded by the Breaker's own
+// budget, StoreTimeout (200 ms by default, and at most half of what is left
+// of the caller's deadline): a store that stops answering costs a call at
+// most that much, and counts as unreachable (Stats.StoreDown, with
+// ErrStoreTimeout). Outcomes are written by a goroutine of the Breaker's
+// own; the caller waits for the write only within its budget, and a write
+// it stopped waiting for still lands when the store answers (Close waits
+// for it).
+//
+// While the store is unreachable the Breaker keeps working on its local
+// view and counts the store errors in Stats. By default it fails open:
+// calls keep running, failures are counted locally and open the circuit
+// locally at Threshold, and after OpenFor the local view lets one call at
+// a time through as a probe. With FailClosed every call is rejected (with
+// an error matching ErrOpen that wraps the store error) until the store
+// answers again. Failures counted while the store was unreachable are not
+// replayed: once the store answers, its record is the truth again. The
+// Breaker logs one warning per outage to the store's logger.
 package breaker
 
 import (
@@ -89,12 +111,19 @@ const (
 	DefaultThreshold    = 5
 	DefaultOpenFor      = 30 * time.Second
 	DefaultSyncInterval = time.Second
+	DefaultStoreTimeout = 200 * time.Millisecond
 )
 
-// writeTimeout bounds the store writes made after fn returned. They do not
-// follow the caller's cancellation: a failure must be recorded even when
-// the caller has given up.
+// writeTimeout bounds the store writes of outcomes, which run in a
+// goroutine of the Breaker's own. They do not follow the caller's
+// cancellation: a failure must be recorded even when the caller has given
+// up (the caller waits for the write only within its store budget).
 const writeTimeout = 5 * time.Second
+
+// maxPendingWrites caps the outcome writes in flight; beyond it (a store
+// that stopped answering under heavy traffic) outcomes are counted on the
+// local view only.
+const maxPendingWrites = 64
 
 // maxWatchBackoff caps the pause between attempts to resubscribe to
 // circuit notifications.
@@ -103,6 +132,12 @@ const maxWatchBackoff = 30 * time.Second
 // ErrOpen is matched (errors.Is) by the error of every call the Breaker
 // rejects without running fn. The error is an *OpenError.
 var ErrOpen = errors.New("breaker: circuit open")
+
+// ErrStoreTimeout is matched by the store error a Breaker counts when the
+// store did not answer within the Breaker's budget (Options.StoreTimeout,
+// and at most half of what remained of the caller's deadline). Such a
+// store counts as unreachable: see Stats.StoreDown and Options.FailClosed.
+var ErrStoreTimeout = errors.New("breaker: the store did not answer within the breaker's budget")
 
 // OpenError is the error of a rejected call. It matches ErrOpen.
 type OpenError struct {
@@ -177,6 +212,18 @@ type Options struct {
 	// FailClosed rejects every call while the store is unreachable. The
 	// default (false) fails open: calls keep running on the local view.
 	FailClosed bool
+	// StoreTimeout is the Breaker's own budget for each store operation it
+	// makes while a caller waits: the read of the shared record, the probe
+	// request, and the caller's wait for an outcome to be written. Within a
+	// call the budget is also at most half of the time left before the
+	// caller's deadline, so a store that stops answering never turns into
+	// an outage of the caller: the operation is abandoned, counted as a
+	// store failure (matching ErrStoreTimeout; Stats.StoreDown), and the
+	// call goes on by the FailClosed policy. An outcome write the caller
+	// stopped waiting for is not abandoned: it goes on in the background
+	// (for up to 5 s), its result updates the local view, and Close waits
+	// for it. 0: DefaultStoreTimeout (200 ms).
+	StoreTimeout time.Duration
 	// OnStateChange, if set, is called after the Breaker's view of the
 	// circuit changes state, whoever caused the change (this Breaker,
 	// another process, an operator). The Breaker starts from Closed, so a
@@ -236,6 +283,7 @@ type Breaker struct {
 	failClosed bool
 	onChange   func(string, State, State)
 	canWatch   bool
+	storeTime  time.Duration
 
 	probeSeq atomic.Uint64
 
@@ -258,6 +306,9 @@ type Breaker struct {
 	probing   bool   // a probe of this Breaker is running
 	chain     string // the probe owner id this Breaker holds the slot with
 	chainOK   int    // successful probes in the current chain
+
+	writers int        // outcome writes in flight
+	idle    *sync.Cond // signalled when writers drops to 0
 
 	started bool // the watcher was started
 	closed  bool
@@ -298,6 +349,8 @@ func New(st *warden.Store, name string, opts *Options) (*Breaker, error) {
 		return nil, bad("ProbeLease %v is under one millisecond", o.ProbeLease)
 	case o.SyncInterval < 0:
 		return nil, bad("negative SyncInterval %v", o.SyncInterval)
+	case o.StoreTimeout < 0:
+		return nil, bad("negative StoreTimeout %v", o.StoreTimeout)
 	}
 	if o.Threshold == 0 {
 		o.Threshold = DefaultThreshold
@@ -314,6 +367,9 @@ func New(st *warden.Store, name string, opts *Options) (*Breaker, error) {
 	if o.SyncInterval == 0 {
 		o.SyncInterval = DefaultSyncInterval
 	}
+	if o.StoreTimeout == 0 {
+		o.StoreTimeout = DefaultStoreTimeout
+	}
 	if o.Owner == "" {
 		o.Owner = defaultOwner()
 	}
@@ -323,7 +379,7 @@ func New(st *warden.Store, name string, opts *Options) (*Breaker, error) {
 		return nil, fmt.Errorf("breaker %q: owner: %w", name, err)
 	}
 	circ := st.Circuits()
-	return &Breaker{
+	b := &Breaker{
 		st:         st,
 		circ:       circ,
 		log:        st.Logger(),
@@ -338,9 +394,12 @@ func New(st *warden.Store, name string, opts *Options) (*Breaker, error) {
 		failClosed: o.FailClosed,
 		onChange:   o.OnStateChange,
 		canWatch:   circ.CanWatch(),
+		storeTime:  o.StoreTimeout,
 		state:      Closed,
 		rec:        driver.CircuitRecord{Name: name, State: Closed},
-	}, nil
+	}
+	b.idle = sync.NewCond(&b.mu)
+	return b, nil
 }
 
 // defaultOwner is host:pid.
@@ -414,19 +473,43 @@ func (b *Breaker) read(ctx context.Context) error {
 	b.mu.Lock()
 	start := b.seq
 	b.mu.Unlock()
-	rec, _, err := b.circ.Get(ctx, b.name)
+	sctx, cancel := b.storeCtx(ctx)
+	rec, _, err := b.circ.Get(sctx, b.name)
+	cancel()
 	b.mu.Lock()
 	defer b.unlock()
 	if err != nil {
 		if cerr := ctxErr(ctx, err); cerr != nil {
 			return cerr
 		}
+		err = b.storeErrLocked(sctx, err)
 		b.storeFailedLocked(err)
 		return err
 	}
 	b.storeOKLocked()
-	b.applyLocked(rec, start, false)
+	b.applyLocked(rec, start, fromRead)
 	return nil
+}
+
+// storeCtx returns the context of a store operation made while a caller
+// waits: ctx bounded by the Breaker's budget, at most half of the time ctx
+// has left.
+func (b *Breaker) storeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	d := b.storeTime
+	if dl, ok := ctx.Deadline(); ok {
+		d = min(d, time.Until(dl)/2)
+	}
+	return context.WithTimeout(ctx, d)
+}
+
+// storeErrLocked returns the store error to count for err, an error of an
+// operation run on sctx (from storeCtx) that the caller did not cause: a
+// budget that ran out becomes ErrStoreTimeout.
+func (b *Breaker) storeErrLocked(sctx context.Context, err error) error {
+	if sctx.Err() != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
+		return fmt.Errorf("%w: circuit %q: %v", ErrStoreTimeout, b.name, sctx.Err())
+	}
+	return err
 }
 
 // Stats returns the Breaker's counters and local view. It does no I/O.
@@ -449,7 +532,7 @@ func (b *Breaker) Stats() Stats {
 }
 
 // Close stops the Breaker's notification subscription and waits for its
-// goroutine to end. The Breaker stays usable afterwards; it then reads the
+// goroutine, and for the outcome writes still in flight, to end. The Breaker stays usable afterwards; it then reads the
 // shared record every SyncInterval instead. Close is idempotent and always
 // returns nil.
 func (b *Breaker) Close() error {
@@ -461,6 +544,11 @@ func (b *Breaker) Close() error {
 		cancel()
 	}
 	b.wg.Wait()
+	b.mu.Lock()
+	for b.writers > 0 {
+		b.idle.Wait()
+	}
+	b.mu.Unlock()
 	return nil
 }
 
@@ -475,7 +563,13 @@ const (
 	localProbe                   // the store is unreachable; the local view probes
 )
 
-type ticket struct{ kind ticketKind }
+// ticket is an admitted call: its kind, and the generation of the circuit
+// it was admitted in (the record's OpenedAt as driver.Generation counts
+// it), which its outcome carries to the store.
+type ticket struct {
+	kind ticketKind
+	gen  int64
+}
 
 type outcome int
 
@@ -512,8 +606,9 @@ func (b *Breaker) admit(ctx context.Context) (ticket, error) {
 		return ticket{}, err
 	}
 	if b.state == Closed {
+		gen := b.rec.Generation()
 		b.mu.Unlock()
-		return ticket{kind: normalCall}, nil
+		return ticket{kind: normalCall, gen: gen}, nil
 	}
 	// Open or half-open: only a probe may run, one at a time per Breaker.
 	if b.probing || (b.chain == "" && now.Before(b.nextProbe)) {
@@ -537,7 +632,9 @@ func (b *Breaker) admit(ctx context.Context) (ticket, error) {
 	start := b.seq
 	b.mu.Unlock()
 
-	rec, granted, err := b.circ.TryProbe(ctx, b.name, id, b.openFor, b.probeLease)
+	sctx, cancel := b.storeCtx(ctx)
+	rec, granted, err := b.circ.TryProbe(sctx, b.name, id, b.openFor, b.probeLease)
+	cancel()
 
 	b.mu.Lock()
 	defer b.unlock()
@@ -550,7 +647,7 @@ func (b *Breaker) admit(ctx context.Context) (ticket, error) {
 			b.chain = id
 			return ticket{}, cerr
 		}
-		b.storeFailedLocked(err)
+		b.storeFailedLocked(b.storeErrLocked(sctx, err))
 		b.chain = id
 		if b.failClosed {
 			return ticket{}, b.rejectLocked(now)
@@ -559,15 +656,15 @@ func (b *Breaker) admit(ctx context.Context) (ticket, error) {
 		return ticket{kind: localProbe}, nil
 	}
 	b.storeOKLocked()
-	b.applyLocked(rec, start, false)
+	b.applyLocked(rec, start, fromRead)
 	if granted {
 		b.chain = id
 		b.probesGranted.Add(1)
-		return ticket{kind: probeCall}, nil
+		return ticket{kind: probeCall, gen: rec.Generation()}, nil
 	}
 	b.probing = false
 	if b.state == Closed {
-		return ticket{kind: normalCall}, nil
+		return ticket{kind: normalCall, gen: b.rec.Generation()}, nil
 	}
 	if !b.nextProbe.After(now) {
 		// The store says not yet although the local estimate had passed:
@@ -620,7 +717,7 @@ func (b *Breaker) succeeded(ctx context.Context, t ticket) {
 			b.mu.Unlock()
 			return
 		}
-		if b.storeDown {
+		if b.storeDown || b.writers >= maxPendingWrites {
 			b.fails = 0
 			b.mu.Unlock()
 			return
@@ -644,27 +741,25 @@ func (b *Breaker) succeeded(ctx context.Context, t ticket) {
 	start := b.seq
 	b.mu.Unlock()
 
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
-	rec, err := b.circ.RecordSuccess(wctx, b.name)
-	cancel()
-
-	b.mu.Lock()
-	defer b.unlock()
-	if t.kind == normalCall {
-		b.resetting = false
-	} else {
-		b.probing = false
-		b.chain, b.chainOK = "", 0
-	}
-	if err != nil {
-		b.storeFailedLocked(err)
-		// The local view closes (or stays closed) and forgets failures.
-		b.fails = 0
-		b.setStateLocked(Closed)
-		return
-	}
-	b.storeOKLocked()
-	b.applyLocked(rec, start, false)
+	b.write(ctx, func(wctx context.Context) (driver.CircuitRecord, error) {
+		return b.circ.RecordSuccessGen(wctx, b.name, t.gen)
+	}, func(wctx context.Context, rec driver.CircuitRecord, err error) {
+		if t.kind == normalCall {
+			b.resetting = false
+		} else {
+			b.probing = false
+			b.chain, b.chainOK = "", 0
+		}
+		if err != nil {
+			b.storeFailedLocked(b.storeErrLocked(wctx, err))
+			// The local view closes (or stays closed) and forgets failures.
+			b.fails = 0
+			b.setStateLocked(Closed)
+			return
+		}
+		b.storeOKLocked()
+		b.applyLocked(rec, start, fromWrite)
+	})
 }
 
 func (b *Breaker) failed(ctx context.Context, t ticket) {
@@ -677,7 +772,7 @@ func (b *Breaker) failed(ctx context.Context, t ticket) {
 			b.mu.Unlock()
 			return
 		}
-		if b.storeDown {
+		if b.storeDown || b.writers >= maxPendingWrites {
 			b.countLocallyLocked()
 			b.unlock()
 			return
@@ -691,27 +786,57 @@ func (b *Breaker) failed(ctx context.Context, t ticket) {
 	start := b.seq
 	b.mu.Unlock()
 
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
-	rec, err := b.circ.RecordFailure(wctx, b.name, b.threshold)
-	cancel()
-
-	b.mu.Lock()
-	defer b.unlock()
-	if t.kind == probeCall {
-		b.probing = false
-		b.chain, b.chainOK = "", 0
-	}
-	if err != nil {
-		b.storeFailedLocked(err)
+	b.write(ctx, func(wctx context.Context) (driver.CircuitRecord, error) {
+		return b.circ.RecordFailureGen(wctx, b.name, b.threshold, t.gen)
+	}, func(wctx context.Context, rec driver.CircuitRecord, err error) {
 		if t.kind == probeCall {
-			b.openLocallyLocked(time.Now())
+			b.probing = false
+			b.chain, b.chainOK = "", 0
+		}
+		if err != nil {
+			b.storeFailedLocked(b.storeErrLocked(wctx, err))
+			if t.kind == probeCall {
+				b.openLocallyLocked(time.Now())
+				return
+			}
+			b.countLocallyLocked()
 			return
 		}
-		b.countLocallyLocked()
-		return
+		b.storeOKLocked()
+		b.applyLocked(rec, start, fromWrite)
+	})
+}
+
+// write records an outcome: op runs in a goroutine of the Breaker's own on
+// a context that ignores the caller's cancellation and is bounded by
+// writeTimeout, then after applies its result with b.mu held. The caller
+// waits for it only within its store budget (storeCtx): a store that does
+// not answer delays the caller by that much at most, and the write goes
+// on; Close waits for it.
+func (b *Breaker) write(ctx context.Context, op func(wctx context.Context) (driver.CircuitRecord, error), after func(wctx context.Context, rec driver.CircuitRecord, err error)) {
+	b.mu.Lock()
+	b.writers++
+	b.mu.Unlock()
+	done := make(chan struct{})
+	wctx, wcancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+	go func() {
+		defer close(done)
+		defer wcancel()
+		rec, err := op(wctx)
+		b.mu.Lock()
+		after(wctx, rec, err)
+		b.writers--
+		if b.writers == 0 {
+			b.idle.Broadcast()
+		}
+		b.unlock()
+	}()
+	wait, cancel := b.storeCtx(ctx)
+	defer cancel()
+	select {
+	case <-done:
+	case <-wait.Done():
 	}
-	b.storeOKLocked()
-	b.applyLocked(rec, start, false)
 }
 
 // countLocallyLocked counts a failure the store could not record; b.mu is
@@ -733,13 +858,33 @@ func (b *Breaker) openLocallyLocked(now time.Time) {
 // ---------------------------------------------------------------------------
 // the local view
 
+// source says where a record applied to the local view comes from.
+type source int
+
+const (
+	fromRead   source = iota // a read or a probe request
+	fromWrite                // an outcome this Breaker wrote
+	fromNotify               // a notification of a change
+)
+
 // applyLocked makes rec, read from the store or returned by a write, the
 // local view, unless it is older than the view; b.mu is held. start is
 // b.seq when the operation that returned rec began: a record with a lower
 // version than the view's is accepted only from an operation that began
 // after the view was last updated (the circuit was deleted and recreated).
 // A notification with version 0 is a deletion.
-func (b *Breaker) applyLocked(rec driver.CircuitRecord, start uint64, notified bool) {
+//
+// The open period (and a probe slot's lease) runs on the local clock only
+// from a change this Breaker saw happen: its own write or a notification
+// of the change that opened the circuit (or granted the slot). A record
+// found by a read may have been open for any time: the next call asks the
+// store for the probe at once, and the store's TryProbe judges by its own
+// clock (refusing a probe that is too early, after which the Breaker asks
+// again at most every SyncInterval). No store timestamp is ever compared
+// with the local clock, and the age of an opening is never guessed from
+// the record.
+func (b *Breaker) applyLocked(rec driver.CircuitRecord, start uint64, src source) {
+	notified := src == fromNotify
 	if rec.Version < b.rec.Version {
 		if notified && rec.Version != 0 || !notified && start != b.seq {
 			return
@@ -759,15 +904,22 @@ func (b *Breaker) applyLocked(rec driver.CircuitRecord, start uint64, notified b
 	switch rec.State {
 	case Open:
 		if prevState != Open || prev.State != Open || !prev.OpenedAt.Equal(rec.OpenedAt) {
-			// How long it has been open already, by the store's clock
-			// alone; the rest of the open period runs on ours.
-			already := max(rec.UpdatedAt.Sub(rec.OpenedAt), 0)
-			b.nextProbe = now.Add(max(b.openFor-already, 0))
+			if src != fromRead && rec.UpdatedAt.Equal(rec.OpenedAt) {
+				// This change is the opening: the open period starts now.
+				b.nextProbe = now.Add(b.openFor)
+			} else {
+				// Open for an unknown time: the store judges.
+				b.nextProbe = now
+			}
 		}
 	case HalfOpen:
 		if prevState != HalfOpen || prev.ProbeOwner != rec.ProbeOwner || !prev.ProbeUntil.Equal(rec.ProbeUntil) {
-			// The slot was granted at UpdatedAt and lapses at ProbeUntil.
-			b.nextProbe = now.Add(max(rec.ProbeUntil.Sub(rec.UpdatedAt), 0))
+			if src != fromRead {
+				// The slot was granted at UpdatedAt and lapses at ProbeUntil.
+				b.nextProbe = now.Add(max(rec.ProbeUntil.Sub(rec.UpdatedAt), 0))
+			} else {
+				b.nextProbe = now
+			}
 		}
 	}
 	if rec.State != HalfOpen || rec.ProbeOwner != b.chain {
@@ -857,7 +1009,9 @@ func (b *Breaker) maybeSync(ctx context.Context) error {
 	start := b.seq
 	b.mu.Unlock()
 
-	rec, _, err := b.circ.Get(ctx, b.name)
+	sctx, cancel := b.storeCtx(ctx)
+	rec, _, err := b.circ.Get(sctx, b.name)
+	cancel()
 
 	b.mu.Lock()
 	defer b.unlock()
@@ -867,11 +1021,11 @@ func (b *Breaker) maybeSync(ctx context.Context) error {
 			b.lastSync, b.resyncing = prevSync, prevResync || b.resyncing
 			return cerr
 		}
-		b.storeFailedLocked(err)
+		b.storeFailedLocked(b.storeErrLocked(sctx, err))
 		return nil
 	}
 	b.storeOKLocked()
-	b.applyLocked(rec, start, false)
+	b.applyLocked(rec, start, fromRead)
 	return nil
 }
 
@@ -925,7 +1079,7 @@ func (b *Breaker) watch(ctx context.Context) {
 				b.resync(ctx)
 			case b.name:
 				b.mu.Lock()
-				b.applyLocked(rec, 0, true)
+				b.applyLocked(rec, 0, fromNotify)
 				b.unlock()
 			}
 		}

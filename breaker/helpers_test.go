@@ -71,18 +71,18 @@ type flakyCircuits struct {
 	f *flaky
 }
 
-func (c flakyCircuits) RecordFailure(ctx context.Context, name string, threshold int) (driver.CircuitRecord, error) {
+func (c flakyCircuits) RecordFailure(ctx context.Context, name string, threshold int, gen int64) (driver.CircuitRecord, error) {
 	if c.f.down.Load() {
 		return driver.CircuitRecord{}, errDown
 	}
-	return c.Circuits.RecordFailure(ctx, name, threshold)
+	return c.Circuits.RecordFailure(ctx, name, threshold, gen)
 }
 
-func (c flakyCircuits) RecordSuccess(ctx context.Context, name string) (driver.CircuitRecord, error) {
+func (c flakyCircuits) RecordSuccess(ctx context.Context, name string, gen int64) (driver.CircuitRecord, error) {
 	if c.f.down.Load() {
 		return driver.CircuitRecord{}, errDown
 	}
-	return c.Circuits.RecordSuccess(ctx, name)
+	return c.Circuits.RecordSuccess(ctx, name, gen)
 }
 
 func (c flakyCircuits) TryProbe(ctx context.Context, name, owner string, openFor, lease time.Duration) (driver.CircuitRecord, bool, error) {

@@ -217,6 +217,27 @@ type CircuitRecord struct {
 	UpdatedAt   time.Time
 }
 
+// Generation returns the circuit's generation: OpenedAt in Unix
+// milliseconds, 0 if it never opened. It changes every time the circuit
+// opens (a circuit probed only after at least one millisecond open, as
+// every Breaker's is, re-opens in a later millisecond), and only then; so a half-open circuit, and a circuit closed by
+// its probes, keep the generation of their last opening. An outcome
+// carries the generation of the record its call was admitted on, and the
+// store ignores outcomes of another generation: a late success of a call
+// admitted before the circuit re-opened never closes it, nor ends the
+// probing of the new generation.
+func (r CircuitRecord) Generation() int64 {
+	if r.OpenedAt.IsZero() {
+		return 0
+	}
+	return r.OpenedAt.UnixMilli()
+}
+
+// AnyGeneration, as the generation of RecordFailure or RecordSuccess,
+// applies the outcome to whatever generation the circuit is in
+// (operators, tools).
+const AnyGeneration int64 = -1
+
 // Circuits is the circuit-breaker state driver. An absent circuit is closed
 // with no failures.
 type Circuits interface {
@@ -224,11 +245,19 @@ type Circuits interface {
 	// count reaches threshold (threshold ≥ 1); half-open → open; open stays
 	// open. Opening sets OpenedAt to now and clears the probe slot.
 	// Concurrent calls never lose an increment.
-	RecordFailure(ctx context.Context, name string, threshold int) (CircuitRecord, error)
+	//
+	// gen is the generation (CircuitRecord.Generation) the failing call
+	// was admitted in, or AnyGeneration. If the circuit's generation is
+	// another one (an absent circuit's is 0), the failure belongs to a
+	// generation that is over: nothing changes, and the current record is
+	// returned. The comparison and the change are one atomic step.
+	RecordFailure(ctx context.Context, name string, threshold int, gen int64) (CircuitRecord, error)
 	// RecordSuccess atomically records a success: closed → failures reset;
 	// half-open → closed, failures reset, probe slot cleared; open stays open
-	// (a late success of a call begun before opening proves nothing).
-	RecordSuccess(ctx context.Context, name string) (CircuitRecord, error)
+	// (a late success of a call begun before opening proves nothing). gen
+	// is as for RecordFailure: a success of another generation changes
+	// nothing.
+	RecordSuccess(ctx context.Context, name string, gen int64) (CircuitRecord, error)
 	// TryProbe grants the half-open probe slot to exactly one caller across
 	// the fleet. Open with OpenedAt+openFor passed → half-open, slot to
 	// owner until now+lease, granted. Half-open with the slot lapsed or held

@@ -152,6 +152,13 @@ var doubles = []double{
 		wrap:  func(b *broken) { b.circuits = lostIncrements{Circuits: b.circuits} },
 	},
 	{
+		// Outcomes applied whatever their generation.
+		name:  "circuit-any-generation",
+		run:   "^Circuits$/^Generations",
+		fails: []string{"Circuits/Generations", "Circuits/GenerationsConcurrent"},
+		wrap:  func(b *broken) { b.circuits = anyGeneration{Circuits: b.circuits} },
+	},
+	{
 		// SetIfAbsent as Has-then-Set.
 		name:  "cache-setifabsent-racy",
 		run:   "^Cache$/^SetIfAbsent$",
@@ -555,7 +562,7 @@ func (l releaseAny) Release(ctx context.Context, key, owner string, token int64)
 
 type lostIncrements struct{ driver.Circuits }
 
-func (c lostIncrements) RecordFailure(ctx context.Context, name string, threshold int) (driver.CircuitRecord, error) {
+func (c lostIncrements) RecordFailure(ctx context.Context, name string, threshold int, gen int64) (driver.CircuitRecord, error) {
 	before, _, err := c.Circuits.Get(ctx, name)
 	if err != nil {
 		return before, err
@@ -572,7 +579,19 @@ func (c lostIncrements) RecordFailure(ctx context.Context, name string, threshol
 		cur.Failures = before.Failures + 1
 		return cur, nil
 	}
-	return c.Circuits.RecordFailure(ctx, name, threshold)
+	return c.Circuits.RecordFailure(ctx, name, threshold, gen)
+}
+
+// anyGeneration records every outcome whatever its generation: a late
+// success of a call admitted before the circuit re-opened closes it.
+type anyGeneration struct{ driver.Circuits }
+
+func (c anyGeneration) RecordFailure(ctx context.Context, name string, threshold int, _ int64) (driver.CircuitRecord, error) {
+	return c.Circuits.RecordFailure(ctx, name, threshold, driver.AnyGeneration)
+}
+
+func (c anyGeneration) RecordSuccess(ctx context.Context, name string, _ int64) (driver.CircuitRecord, error) {
+	return c.Circuits.RecordSuccess(ctx, name, driver.AnyGeneration)
 }
 
 // ---------------------------------------------------------------------------

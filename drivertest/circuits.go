@@ -22,6 +22,8 @@ func (s *suite) circuits(t *testing.T) {
 		{"HalfOpenFailure", s.circuitHalfOpenFailure},
 		{"HalfOpenSuccess", s.circuitHalfOpenSuccess},
 		{"Operators", s.circuitOperators},
+		{"Generations", s.circuitGenerations},
+		{"GenerationsConcurrent", s.circuitGenerationsConcurrent},
 	})
 }
 
@@ -518,5 +520,133 @@ func (s *suite) circuitOperators(t *testing.T) {
 	wantCircuit(t, "failure after Delete", rec, "op", driver.Closed, 1)
 	if _, err := c.Set(ctx, "op", driver.CircuitState("broken")); !errors.Is(err, warden.ErrInvalidArgument) {
 		t.Errorf("Set with an invalid state: err %v, want ErrInvalidArgument", err)
+	}
+}
+
+// circuitGenerations: an outcome carries the generation of the record its
+// call was admitted on (CircuitRecord.Generation: OpenedAt in ms, 0 before
+// the first opening), and one of another generation changes nothing — a
+// late success of a call admitted while closed neither closes a circuit
+// that has re-opened since nor ends the probing of the new generation.
+func (s *suite) circuitGenerations(t *testing.T) {
+	ctx := testCtx(t)
+	st, _ := s.open(t)
+	c := st.Circuits()
+	same := func(what string, got, want driver.CircuitRecord) {
+		t.Helper()
+		if !sameCircuit(got, want) {
+			t.Errorf("%s changed the circuit (or returned another record): got %+v, want %+v", what, got, want)
+		}
+		cur, _, err := c.Get(ctx, want.Name)
+		fatalIf(t, "Get", err)
+		if !sameCircuit(cur, want) {
+			t.Errorf("%s changed the stored circuit: %+v, want %+v", what, cur, want)
+		}
+	}
+
+	// An absent circuit is of generation 0.
+	rec, err := c.RecordFailureGen(ctx, "absent", 2, 12345)
+	fatalIf(t, "RecordFailureGen", err)
+	wantCircuit(t, "a failure of generation 12345 on an absent circuit", rec, "absent", driver.Closed, 0)
+	if _, found, err := c.Get(ctx, "absent"); err != nil || found {
+		t.Errorf("a failure of another generation created the absent circuit (found=%v err=%v)", found, err)
+	}
+	rec, err = c.RecordSuccessGen(ctx, "absent", 12345)
+	fatalIf(t, "RecordSuccessGen", err)
+	if _, found, err := c.Get(ctx, "absent"); err != nil || found {
+		t.Errorf("a success of another generation created the absent circuit (found=%v err=%v)", found, err)
+	}
+	rec, err = c.RecordFailureGen(ctx, "g", 2, 0)
+	fatalIf(t, "RecordFailureGen", err)
+	wantCircuit(t, "a failure of generation 0 on an absent circuit", rec, "g", driver.Closed, 1)
+	if rec.Generation() != 0 {
+		t.Errorf("generation of a circuit that never opened: %d, want 0", rec.Generation())
+	}
+
+	// It opens: generation G1.
+	opened, err := c.RecordFailureGen(ctx, "g", 2, 0)
+	fatalIf(t, "RecordFailureGen", err)
+	wantCircuit(t, "the threshold-th failure", opened, "g", driver.Open, 2)
+	g1 := opened.Generation()
+	if g1 <= 0 || g1 != opened.OpenedAt.UnixMilli() {
+		t.Fatalf("generation of an open circuit: %d, want OpenedAt in ms (%d)", g1, opened.OpenedAt.UnixMilli())
+	}
+	r, err := c.RecordSuccessGen(ctx, "g", 0)
+	fatalIf(t, "RecordSuccessGen", err)
+	same("a late success of generation 0 on the open circuit", r, opened)
+	r, err = c.RecordFailureGen(ctx, "g", 2, 0)
+	fatalIf(t, "RecordFailureGen", err)
+	same("a late failure of generation 0 on the open circuit", r, opened)
+
+	// Half-open, probed by another: a late success of generation 0 does
+	// not close it; the probe's own success does.
+	var half driver.CircuitRecord
+	for {
+		var granted bool
+		// openFor ≥ 1 ms, as every Breaker's: the next opening is then
+		// in a later millisecond, so of another generation.
+		half, granted, err = c.TryProbe(ctx, "g", "prober", time.Millisecond, time.Minute)
+		fatalIf(t, "TryProbe", err)
+		if granted {
+			break
+		}
+		if !sleepCtx(ctx, 5*time.Millisecond) {
+			t.Fatal("no probe granted with openFor 1 ms")
+		}
+	}
+	if half.Generation() != g1 {
+		t.Errorf("half-open generation %d, want the opening's %d", half.Generation(), g1)
+	}
+	r, err = c.RecordSuccessGen(ctx, "g", 0)
+	fatalIf(t, "RecordSuccessGen", err)
+	same("a late success of generation 0 during the probe", r, half)
+	r, err = c.RecordFailureGen(ctx, "g", 2, 0)
+	fatalIf(t, "RecordFailureGen", err)
+	same("a late failure of generation 0 during the probe", r, half)
+	closed, err := c.RecordSuccessGen(ctx, "g", g1)
+	fatalIf(t, "RecordSuccessGen", err)
+	wantCircuit(t, "the probe's success", closed, "g", driver.Closed, 0)
+	if closed.Generation() != g1 {
+		t.Errorf("a circuit closed by its probe is of generation %d, want %d (closing does not start a generation)", closed.Generation(), g1)
+	}
+
+	// Closed in G1: failures of G1 count, failures of 0 do not.
+	r, err = c.RecordFailureGen(ctx, "g", 2, 0)
+	fatalIf(t, "RecordFailureGen", err)
+	same("a failure of generation 0 after closing in generation G1", r, closed)
+	r, err = c.RecordFailureGen(ctx, "g", 2, g1)
+	fatalIf(t, "RecordFailureGen", err)
+	wantCircuit(t, "a failure of generation G1", r, "g", driver.Closed, 1)
+
+	// AnyGeneration applies whatever the generation.
+	r, err = c.RecordFailureGen(ctx, "g", 2, driver.AnyGeneration)
+	fatalIf(t, "RecordFailureGen", err)
+	wantCircuit(t, "a failure of any generation", r, "g", driver.Open, 2)
+	if r.Generation() == g1 {
+		t.Errorf("re-opening kept generation %d", g1)
+	}
+}
+
+// circuitGenerationsConcurrent: the generation check and the change are
+// one atomic step: of many concurrent failures of generation 0 at
+// threshold 3, exactly 3 apply — the third opens the circuit (a new
+// generation) and every later one is ignored.
+func (s *suite) circuitGenerationsConcurrent(t *testing.T) {
+	ctx := testCtx(t)
+	st, _ := s.open(t)
+	c := st.Circuits()
+	const callers, threshold = 12, 3
+	errs := make([]error, callers)
+	parallel(callers, func(i int) {
+		_, errs[i] = c.RecordFailureGen(ctx, "race", threshold, 0)
+	})
+	for _, err := range errs {
+		fatalIf(t, "RecordFailureGen", err)
+	}
+	rec, _, err := c.Get(ctx, "race")
+	fatalIf(t, "Get", err)
+	if rec.State != driver.Open || rec.Failures != threshold {
+		t.Errorf("%d concurrent failures of generation 0 at threshold %d: %s with %d failures, want open with exactly %d (failures of the generation that ended with the opening must be ignored)",
+			callers, threshold, rec.State, rec.Failures, threshold)
 	}
 }

@@ -294,13 +294,13 @@ func (l rpcLocks) List(ctx context.Context, p driver.Pattern) (r []driver.LockRe
 
 type rpcCircuits struct{ s *rpcStore }
 
-func (c rpcCircuits) RecordFailure(ctx context.Context, name string, threshold int) (r driver.CircuitRecord, err error) {
-	err = c.s.do(ctx, "Circuits.RecordFailure", name, threshold)(&r)
+func (c rpcCircuits) RecordFailure(ctx context.Context, name string, threshold int, gen int64) (r driver.CircuitRecord, err error) {
+	err = c.s.do(ctx, "Circuits.RecordFailure", name, threshold, gen)(&r)
 	return
 }
-func (c rpcCircuits) RecordSuccess(ctx context.Context, name string) (r driver.CircuitRecord, err error) {
-	err = c.s.do(ctx, "Circuits.RecordSuccess", name)(&r)
-	return
+func (c rpcCircuits) RecordSuccess(ctx context.Context, name string, gen int64) (r driver.CircuitRecord, err error) {
+	err = c.s.do(ctx, "Circuits.RecordSuccess", name, gen)(&r)
+	return r, err
 }
 func (c rpcCircuits) TryProbe(ctx context.Context, name, owner string, openFor, lease time.Duration) (r driver.CircuitRecord, ok bool, err error) {
 	err = c.s.do(ctx, "Circuits.TryProbe", name, owner, openFor, lease)(&r, &ok)

@@ -54,7 +54,48 @@ const (
 // change applies a circuit change: variants[pick(old)] for the state the
 // item is in. guess is the variant to try first.
 func (c circuits) change(ctx context.Context, op, name string, vals item, variants []variant, pick func(old item) int) (driver.CircuitRecord, error) {
+	return c.changeGen(ctx, op, name, driver.AnyGeneration, vals, variants, pick)
+}
+
+// itemGen is the generation of a circuit item (0 if absent or never
+// opened): its openedAt in Unix ms.
+func itemGen(it item) int64 {
+	if it == nil {
+		return 0
+	}
+	return gN(it, aOpened)
+}
+
+// otherGen reports whether an outcome of generation gen does not apply to
+// the item (nil: absent).
+func otherGen(it item, gen int64) bool {
+	return gen != driver.AnyGeneration && itemGen(it) != gen
+}
+
+// changeGen is change for an outcome of generation gen: every variant's
+// condition also requires the item's generation (openedAt, absent for 0),
+// so the check and the change are one conditional UpdateItem; an absent
+// item is created only for generation 0 or any. When the condition fails
+// because the generation is over, the current record is returned
+// unchanged (closed if absent).
+func (c circuits) changeGen(ctx context.Context, op, name string, gen int64, vals item, variants []variant, pick func(old item) int) (driver.CircuitRecord, error) {
 	s := c.s
+	genCond := ""
+	switch {
+	case gen == 0:
+		genCond = "(attribute_not_exists(#openedAt) OR #openedAt = :gen)"
+	case gen > 0:
+		genCond = "#openedAt = :gen"
+	}
+	if genCond != "" {
+		vals[":gen"] = vN(gen)
+	}
+	ignored := func(it item) driver.CircuitRecord {
+		if it == nil {
+			return driver.CircuitRecord{Name: name, State: driver.Closed}
+		}
+		return circRec(name, it)
+	}
 	pk := s.circPfx + name
 	i := 0
 	if g, ok := s.circGuess.Load(name); ok {
@@ -82,6 +123,9 @@ func (c circuits) change(ctx context.Context, op, name string, vals item, varian
 		if vr.cond != "" {
 			cond = "(" + vr.cond + ") AND " + notMine
 		}
+		if genCond != "" {
+			cond = genCond + " AND " + cond
+		}
 		attrs, failed, old, err := s.update(ctx, op, pk, metaSK, upd, cond, v, types.ReturnValueAllNew)
 		if err != nil {
 			return driver.CircuitRecord{}, err
@@ -93,6 +137,9 @@ func (c circuits) change(ctx context.Context, op, name string, vals item, varian
 		if old != nil {
 			if gS(old, aReq) == req {
 				return circRec(name, old), nil
+			}
+			if otherGen(old, gen) {
+				return ignored(old), nil
 			}
 			i = pick(old)
 			continue
@@ -106,6 +153,9 @@ func (c circuits) change(ctx context.Context, op, name string, vals item, varian
 			}
 			if it != nil && gS(it, aReq) == req {
 				return circRec(name, it), nil
+			}
+			if otherGen(it, gen) {
+				return ignored(it), nil
 			}
 			if it == nil {
 				it = item{}
@@ -135,7 +185,7 @@ func stateOf(it item) driver.CircuitState {
 }
 
 // RecordFailure implements driver.Circuits.
-func (c circuits) RecordFailure(ctx context.Context, name string, threshold int) (driver.CircuitRecord, error) {
+func (c circuits) RecordFailure(ctx context.Context, name string, threshold int, gen int64) (driver.CircuitRecord, error) {
 	th := int64(threshold)
 	fail := "#lastFailure = :now ADD #failures :one, #version :one"
 	variants := []variant{
@@ -163,11 +213,11 @@ func (c circuits) RecordFailure(ctx context.Context, name string, threshold int)
 		}
 		return 0
 	}
-	return c.change(ctx, "recording failure", name, item{":thm1": vN(th - 1)}, variants, pick)
+	return c.changeGen(ctx, "recording failure", name, gen, item{":thm1": vN(th - 1)}, variants, pick)
 }
 
 // RecordSuccess implements driver.Circuits.
-func (c circuits) RecordSuccess(ctx context.Context, name string) (driver.CircuitRecord, error) {
+func (c circuits) RecordSuccess(ctx context.Context, name string, gen int64) (driver.CircuitRecord, error) {
 	variants := []variant{
 		{"#state = :closed, #failures = :zero, #lastSuccess = :now" + clearProbe + bump,
 			"attribute_not_exists(#state) OR #state <> :open"},
@@ -179,7 +229,7 @@ func (c circuits) RecordSuccess(ctx context.Context, name string) (driver.Circui
 		}
 		return 0
 	}
-	return c.change(ctx, "recording success", name, item{":zero": vN(0)}, variants, pick)
+	return c.changeGen(ctx, "recording success", name, gen, item{":zero": vN(0)}, variants, pick)
 }
 
 // TryProbe implements driver.Circuits: one conditional UpdateItem; when it

@@ -43,9 +43,15 @@ func openCircuit(r *driver.CircuitRecord, now time.Time) {
 	r.ProbeOwner, r.ProbeUntil = "", time.Time{}
 }
 
+// otherGen reports whether an outcome of generation gen belongs to
+// another generation than r's.
+func otherGen(r driver.CircuitRecord, gen int64) bool {
+	return gen != driver.AnyGeneration && gen != r.Generation()
+}
+
 // RecordFailure adds one failure, opening the circuit at threshold or from
-// half-open.
-func (c *circuits) RecordFailure(ctx context.Context, name string, threshold int) (driver.CircuitRecord, error) {
+// half-open; a failure of another generation changes nothing.
+func (c *circuits) RecordFailure(ctx context.Context, name string, threshold int, gen int64) (driver.CircuitRecord, error) {
 	s := c.s()
 	sp, now, err := s.begin(ctx)
 	if err != nil {
@@ -53,6 +59,9 @@ func (c *circuits) RecordFailure(ctx context.Context, name string, threshold int
 	}
 	defer s.end()
 	r := load(sp, name)
+	if otherGen(r, gen) {
+		return r, nil
+	}
 	r.Failures++
 	r.LastFailure = now
 	switch r.State {
@@ -67,8 +76,9 @@ func (c *circuits) RecordFailure(ctx context.Context, name string, threshold int
 }
 
 // RecordSuccess records a success: closed resets the failures, half-open
-// closes, open stays open.
-func (c *circuits) RecordSuccess(ctx context.Context, name string) (driver.CircuitRecord, error) {
+// closes, open stays open; a success of another generation changes
+// nothing.
+func (c *circuits) RecordSuccess(ctx context.Context, name string, gen int64) (driver.CircuitRecord, error) {
 	s := c.s()
 	sp, now, err := s.begin(ctx)
 	if err != nil {
@@ -76,6 +86,9 @@ func (c *circuits) RecordSuccess(ctx context.Context, name string) (driver.Circu
 	}
 	defer s.end()
 	r := load(sp, name)
+	if otherGen(r, gen) {
+		return r, nil
+	}
 	r.LastSuccess = now
 	switch r.State {
 	case driver.Closed:

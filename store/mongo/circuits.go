@@ -65,32 +65,81 @@ type step struct {
 // fresh times) when none does; it returns the new document. op names the
 // change in the error of a change that gave up.
 func (c circuits) apply(ctx context.Context, op, name string, steps func(t time.Time) []step) (circDoc, error) {
+	d, _, err := c.applyGen(ctx, op, name, driver.AnyGeneration, steps)
+	return d, err
+}
+
+// genFilter restricts a step to the circuit's generation gen: openedAt
+// equal to gen's time, or null/missing for generation 0.
+func genFilter(gen int64) bson.D {
+	switch {
+	case gen == driver.AnyGeneration:
+		return nil
+	case gen == 0:
+		return set("openedAt", nil)
+	}
+	return set("openedAt", time.UnixMilli(gen).UTC())
+}
+
+// applyGen is apply for an outcome of generation gen: every step's filter
+// also names the generation (a step that would insert an absent circuit
+// does so only for generation 0 or any), so each step applies atomically
+// to its generation only. When no step matches, one read tells whether
+// the outcome's generation is over (then applied=false and the current
+// document, zero if absent) or the circuit changed in between (try again).
+func (c circuits) applyGen(ctx context.Context, op, name string, gen int64, steps func(t time.Time) []step) (d circDoc, applied bool, err error) {
 	s := c.s
 	sk := s.circPfx + name
+	gf := genFilter(gen)
 	for range s.tries {
 		t := now()
 		for _, st := range steps(t) {
 			s.raced("step")
 			var d circDoc
 			update := st.update
-			if st.upsert {
+			upsert := st.upsert && gen <= 0
+			if upsert {
 				update = s.withIdent(update, sk)
 			}
-			err := s.circs.FindOneAndUpdate(ctx, append(s.nsKey(sk), st.filter...), update,
-				options.FindOneAndUpdate().SetReturnDocument(options.After).SetUpsert(st.upsert)).Decode(&d)
+			filter := append(append(s.nsKey(sk), gf...), st.filter...)
+			err := s.circs.FindOneAndUpdate(ctx, filter, update,
+				options.FindOneAndUpdate().SetReturnDocument(options.After).SetUpsert(upsert)).Decode(&d)
 			if err == nil {
 				s.emitCircuit(ctx, sk, &d, t)
-				return d, nil
+				return d, true, nil
 			}
 			if !isDup(err) && !errors.Is(err, mongo.ErrNoDocuments) {
-				return circDoc{}, ctxErr(ctx, err)
+				return circDoc{}, false, ctxErr(ctx, err)
+			}
+		}
+		if gen != driver.AnyGeneration {
+			var cur circDoc
+			err := s.circs.FindOne(ctx, s.nsKey(sk)).Decode(&cur)
+			switch {
+			case errors.Is(err, mongo.ErrNoDocuments):
+				if gen > 0 {
+					return circDoc{}, false, nil
+				}
+			case err != nil:
+				return circDoc{}, false, ctxErr(ctx, err)
+			case cur.record(name).Generation() != gen:
+				return cur, false, nil
 			}
 		}
 		if err := ctx.Err(); err != nil {
-			return circDoc{}, err
+			return circDoc{}, false, err
 		}
 	}
-	return circDoc{}, s.busy(op, name)
+	return circDoc{}, false, s.busy(op, name)
+}
+
+// outcomeRecord is the record an outcome returns: the new one, or the
+// current one (closed if absent) when the outcome's generation was over.
+func outcomeRecord(d circDoc, applied bool, name string) driver.CircuitRecord {
+	if !applied && d.Key == "" {
+		return driver.CircuitRecord{Name: name, State: driver.Closed}
+	}
+	return d.record(name)
 }
 
 func set(kv ...any) bson.D {
@@ -104,9 +153,9 @@ func set(kv ...any) bson.D {
 // RecordFailure implements driver.Circuits. Closed below the threshold
 // (the common case) is one update; opening and already-open circuits take
 // the following steps.
-func (c circuits) RecordFailure(ctx context.Context, name string, threshold int) (driver.CircuitRecord, error) {
+func (c circuits) RecordFailure(ctx context.Context, name string, threshold int, gen int64) (driver.CircuitRecord, error) {
 	th := int64(max(threshold, 1))
-	d, err := c.apply(ctx, "recording circuit failure", name, func(t time.Time) []step {
+	d, applied, err := c.applyGen(ctx, "recording circuit failure", name, gen, func(t time.Time) []step {
 		inc := bson.E{Key: "$inc", Value: set("failureCount", int64(1), "version", int64(1))}
 		var steps []step
 		if th > 1 {
@@ -139,13 +188,13 @@ func (c circuits) RecordFailure(ctx context.Context, name string, threshold int)
 	if err != nil {
 		return driver.CircuitRecord{}, err
 	}
-	return d.record(name), nil
+	return outcomeRecord(d, applied, name), nil
 }
 
 // RecordSuccess implements driver.Circuits: one update unless the circuit
 // is open.
-func (c circuits) RecordSuccess(ctx context.Context, name string) (driver.CircuitRecord, error) {
-	d, err := c.apply(ctx, "recording circuit success", name, func(t time.Time) []step {
+func (c circuits) RecordSuccess(ctx context.Context, name string, gen int64) (driver.CircuitRecord, error) {
+	d, applied, err := c.applyGen(ctx, "recording circuit success", name, gen, func(t time.Time) []step {
 		return []step{
 			{
 				filter: set("state", set("$in", bson.A{string(driver.Closed), string(driver.HalfOpen)})),
@@ -165,7 +214,7 @@ func (c circuits) RecordSuccess(ctx context.Context, name string) (driver.Circui
 	if err != nil {
 		return driver.CircuitRecord{}, err
 	}
-	return d.record(name), nil
+	return outcomeRecord(d, applied, name), nil
 }
 
 // TryProbe implements driver.Circuits: one update whose filter grants the

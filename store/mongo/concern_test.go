@@ -108,7 +108,7 @@ func TestCoordinationConcernsSent(t *testing.T) {
 	if _, o, err := d.Idempotency().Claim(ctx, "i", "b", time.Minute, ""); err != nil || o != driver.InProgress {
 		t.Fatalf("Claim of a claimed key: outcome %v err=%v", o, err)
 	}
-	if _, err := d.Circuits().RecordFailure(ctx, "c", 1); err != nil {
+	if _, err := d.Circuits().RecordFailure(ctx, "c", 1, driver.AnyGeneration); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok, err := d.Circuits().TryProbe(ctx, "c", "p", time.Hour, time.Minute); err != nil || ok {

@@ -123,7 +123,7 @@ func TestGiveUp(t *testing.T) {
 					upsert(t, coll, id, bson.D{{Key: "key", Value: id}, {Key: "namespace", Value: prefix},
 						{Key: "state", Value: string(state)}, {Key: "failureCount", Value: int64(0)}, {Key: "version", Value: int64(steps)}})
 				})
-				rec, err := st.Driver().Circuits().RecordSuccess(t.Context(), "c")
+				rec, err := st.Driver().Circuits().RecordSuccess(t.Context(), "c", driver.AnyGeneration)
 				checkGaveUp(t, err, "c", steps/2)
 				if rec != (driver.CircuitRecord{}) {
 					t.Errorf("a give-up returned the record %+v, want none", rec)

@@ -127,21 +127,21 @@ func TestRoundTrips(t *testing.T) {
 	})
 	count("Locks.Get", 1, func() error { _, _, err := lk.Get(ctx, "k"); return err })
 	count("Circuits.RecordFailure (closed, below the threshold)", 1, func() error {
-		r, err := cb.RecordFailure(ctx, "c", 5)
+		r, err := cb.RecordFailure(ctx, "c", 5, driver.AnyGeneration)
 		if err == nil && r.State != driver.Closed {
 			t.Errorf("state %s", r.State)
 		}
 		return err
 	})
-	count("Circuits.RecordSuccess (closed)", 1, func() error { _, err := cb.RecordSuccess(ctx, "c"); return err })
+	count("Circuits.RecordSuccess (closed)", 1, func() error { _, err := cb.RecordSuccess(ctx, "c", driver.AnyGeneration); return err })
 	count("Circuits.RecordFailure (opening, threshold 1)", 1, func() error {
-		r, err := cb.RecordFailure(ctx, "c", 1)
+		r, err := cb.RecordFailure(ctx, "c", 1, driver.AnyGeneration)
 		if err == nil && r.State != driver.Open {
 			t.Errorf("state %s", r.State)
 		}
 		return err
 	})
-	count("Circuits.RecordFailure (open, threshold 1)", 2, func() error { _, err := cb.RecordFailure(ctx, "c", 1); return err })
+	count("Circuits.RecordFailure (open, threshold 1)", 2, func() error { _, err := cb.RecordFailure(ctx, "c", 1, driver.AnyGeneration); return err })
 	count("Circuits.TryProbe (granted)", 1, func() error {
 		_, ok, err := cb.TryProbe(ctx, "c", "p", 0, time.Minute)
 		if err == nil && !ok {

@@ -63,15 +63,22 @@ func (c circuits) writeN(ctx context.Context, name string, query string, args ..
 	return rec, n, err
 }
 
-// RecordFailure implements driver.Circuits.
-func (c circuits) RecordFailure(ctx context.Context, name string, threshold int) (driver.CircuitRecord, error) {
+// RecordFailure implements driver.Circuits: an upsert guarded by the
+// generation (generation 0 or any), or an update of that generation.
+func (c circuits) RecordFailure(ctx context.Context, name string, threshold int, gen int64) (driver.CircuitRecord, error) {
 	th := int64(threshold)
-	return c.write(ctx, name, c.s.q.circFailure, c.s.prefix, c.s.circPfx+name, th, th, th, th, th, th)
+	if gen > 0 {
+		return c.write(ctx, name, c.s.q.circFailureGen, th, th, th, th, c.s.prefix, c.s.circPfx+name, gen)
+	}
+	return c.write(ctx, name, c.s.q.circFailure, c.s.prefix, c.s.circPfx+name, th, th, gen, gen, th, th, th, th)
 }
 
-// RecordSuccess implements driver.Circuits.
-func (c circuits) RecordSuccess(ctx context.Context, name string) (driver.CircuitRecord, error) {
-	return c.write(ctx, name, c.s.q.circSuccess, c.s.prefix, c.s.circPfx+name)
+// RecordSuccess implements driver.Circuits, as RecordFailure.
+func (c circuits) RecordSuccess(ctx context.Context, name string, gen int64) (driver.CircuitRecord, error) {
+	if gen > 0 {
+		return c.write(ctx, name, c.s.q.circSuccessGen, c.s.prefix, c.s.circPfx+name, gen)
+	}
+	return c.write(ctx, name, c.s.q.circSuccess, c.s.prefix, c.s.circPfx+name, gen, gen)
 }
 
 // TryProbe implements driver.Circuits.

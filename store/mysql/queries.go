@@ -16,6 +16,7 @@ import "strings"
 type queries struct {
 	lockAcquire, lockRow, lockRefresh, lockRelease, lockForce, lockGet, lockList         string
 	circFailure, circSuccess, circProbe, circGet, circSet, circDelete, circList          string
+	circFailureGen, circSuccessGen                                                       string
 	cacheGet, cacheSet, cacheSetIfAbsent, cacheDelete, cacheHas, cacheClear, cacheKeys   string
 	cacheClearDead                                                                       string
 	idemClaim, idemRow, idemExtend, idemComplete, idemAbandon, idemGet, idemSet          string
@@ -77,27 +78,59 @@ WHERE ` + key + ` AND released_at IS NULL AND expires_at > NOW`)
 	// ----- circuits
 	circIns := `INSERT INTO {C} (namespace, ` + "`key`" + `, state, failure_count, last_failure_time, last_success_time, opened_at, probe_owner, probe_until, version, updated_at)`
 	opens := "(state IN ('open', 'half-open') OR failure_count + 1 >= ?)"
+	// Outcomes carry a generation (-1 for any): a present circuit's is
+	// opened_at in Unix milliseconds (0 if NULL), an absent one's 0. For
+	// generations -1 and 0 the outcome is an upsert whose first assignment
+	// compares the generation (? twice), before any column changes, into a
+	// session variable; every later assignment keeps the old value unless
+	// it matched. For a generation above 0 the circuit must exist: a plain
+	// UPDATE of that generation. Either way an outcome of another
+	// generation changes nothing. Assignments run left to right, each
+	// seeing the columns assigned before it.
+	genOK := "(? < 0 OR COALESCE(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', opened_at) DIV 1000, 0) = ?)"
+	type assign struct{ col, expr string }
+	failSet := []assign{
+		{"opened_at", "IF(state = 'open', opened_at, IF(state = 'half-open' OR failure_count + 1 >= ?, NOW, opened_at))"},
+		{"probe_owner", "IF(" + opens + ", NULL, probe_owner)"},
+		{"probe_until", "IF(" + opens + ", NULL, probe_until)"},
+		{"state", "IF(" + opens + ", 'open', 'closed')"},
+		{"failure_count", "failure_count + 1"},
+		{"last_failure_time", "NOW"},
+		{"updated_at", "NOW"},
+	}
+	successSet := []assign{
+		{"failure_count", "IF(state = 'open', failure_count, 0)"},
+		{"probe_owner", "IF(state = 'open', probe_owner, NULL)"},
+		{"probe_until", "IF(state = 'open', probe_until, NULL)"},
+		{"state", "IF(state = 'open', 'open', 'closed')"},
+		{"last_success_time", "NOW"},
+		{"updated_at", "NOW"},
+	}
+	guarded := func(set []assign) string {
+		out := "version = IF(@warden_gen_ok := " + genOK + ", version + 1, version)"
+		for _, a := range set {
+			out += ",\n\t" + a.col + " = IF(@warden_gen_ok, " + a.expr + ", " + a.col + ")"
+		}
+		return out
+	}
+	plain := func(set []assign) string {
+		out := "version = version + 1"
+		for _, a := range set {
+			out += ",\n\t" + a.col + " = " + a.expr
+		}
+		return out
+	}
+	genWhere := " AND TIMESTAMPDIFF(MICROSECOND, '1970-01-01', opened_at) DIV 1000 = ?"
 	q.circFailure = sub(circIns + `
 VALUES (?, ?, IF(? <= 1, 'open', 'closed'), 1, NOW, NULL, IF(? <= 1, NOW, NULL), NULL, NULL, 1, NOW)
 ON DUPLICATE KEY UPDATE
-	opened_at = IF(state = 'open', opened_at, IF(state = 'half-open' OR failure_count + 1 >= ?, NOW, opened_at)),
-	probe_owner = IF(` + opens + `, NULL, probe_owner),
-	probe_until = IF(` + opens + `, NULL, probe_until),
-	state = IF(` + opens + `, 'open', 'closed'),
-	failure_count = failure_count + 1,
-	last_failure_time = NOW,
-	version = version + 1,
-	updated_at = NOW`)
+	` + guarded(failSet))
+	q.circFailureGen = sub(`UPDATE {C} SET ` + plain(failSet) + ` WHERE ` + key + genWhere)
 	q.circSuccess = sub(circIns + `
 VALUES (?, ?, 'closed', 0, NULL, NOW, NULL, NULL, NULL, 1, NOW)
 ON DUPLICATE KEY UPDATE
-	failure_count = IF(state = 'open', failure_count, 0),
-	probe_owner = IF(state = 'open', probe_owner, NULL),
-	probe_until = IF(state = 'open', probe_until, NULL),
-	state = IF(state = 'open', 'open', 'closed'),
-	last_success_time = NOW,
-	version = version + 1,
-	updated_at = NOW`)
+	` + guarded(successSet))
+	q.circSuccessGen = sub(`UPDATE {C} SET ` + plain(successSet) + ` WHERE ` + key + genWhere)
 	q.circProbe = sub(`UPDATE {C} SET state = 'half-open', probe_owner = ?, probe_until = EXP(?), version = version + 1, updated_at = NOW
 WHERE ` + key + ` AND (
 	(state = 'open' AND TIMESTAMPADD(MICROSECOND, ?, COALESCE(opened_at, '1970-01-01')) <= NOW)

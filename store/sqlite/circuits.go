@@ -56,18 +56,42 @@ func (c circuits) writeRow(ctx context.Context, query string, args func(now int6
 	return rec, err
 }
 
-// RecordFailure implements driver.Circuits in one upsert.
-func (c circuits) RecordFailure(ctx context.Context, name string, threshold int) (driver.CircuitRecord, error) {
-	return c.writeRow(ctx, c.s.q.circFailure, func(now int64) []any {
-		return []any{sql.Named("key", c.s.circPfx+name), sql.Named("th", int64(threshold)), sql.Named("now", now)}
+// RecordFailure implements driver.Circuits in one upsert (generation 0 or
+// any) or update (a generation above 0), conditional on the generation.
+func (c circuits) RecordFailure(ctx context.Context, name string, threshold int, gen int64) (driver.CircuitRecord, error) {
+	q := c.s.q.circFailure
+	if gen > 0 {
+		q = c.s.q.circFailureGen
+	}
+	return c.outcome(ctx, name, q, func(now int64) []any {
+		return []any{sql.Named("key", c.s.circPfx+name), sql.Named("th", int64(threshold)), sql.Named("now", now), sql.Named("gen", gen)}
 	})
 }
 
-// RecordSuccess implements driver.Circuits in one upsert.
-func (c circuits) RecordSuccess(ctx context.Context, name string) (driver.CircuitRecord, error) {
-	return c.writeRow(ctx, c.s.q.circSuccess, func(now int64) []any {
-		return []any{sql.Named("key", c.s.circPfx+name), sql.Named("now", now)}
+// RecordSuccess implements driver.Circuits in one upsert or update,
+// conditional on the generation, as RecordFailure.
+func (c circuits) RecordSuccess(ctx context.Context, name string, gen int64) (driver.CircuitRecord, error) {
+	q := c.s.q.circSuccess
+	if gen > 0 {
+		q = c.s.q.circSuccessGen
+	}
+	return c.outcome(ctx, name, q, func(now int64) []any {
+		return []any{sql.Named("key", c.s.circPfx+name), sql.Named("now", now), sql.Named("gen", gen)}
 	})
+}
+
+// outcome runs an outcome's upsert; when it applies to nothing (the
+// outcome's generation is over) it returns the current record.
+func (c circuits) outcome(ctx context.Context, name, query string, args func(now int64) []any) (driver.CircuitRecord, error) {
+	rec, err := c.writeRow(ctx, query, args)
+	if !errors.Is(err, sql.ErrNoRows) {
+		return rec, err
+	}
+	rec, found, err := c.Get(ctx, name)
+	if err == nil && !found {
+		rec = driver.CircuitRecord{Name: name, State: driver.Closed}
+	}
+	return rec, err
 }
 
 // TryProbe implements driver.Circuits. The grant is one conditional

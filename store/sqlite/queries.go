@@ -10,7 +10,7 @@ import (
 type queries struct {
 	lockAcquire, lockHolder, lockRefresh, lockRelease, lockForce, lockGet, lockList string
 
-	circFailure, circSuccess, circProbe, circGet, circSet, circDelete, circList string
+	circFailure, circFailureGen, circSuccess, circSuccessGen, circProbe, circGet, circSet, circDelete, circList string
 
 	cacheGet, cacheSet, cacheSetIfAbsent, cacheDelete, cacheHas, cacheClear, cacheKeys string
 
@@ -78,10 +78,14 @@ WHERE namespace = :ns AND key = :key AND released_at IS NULL AND expires_at > :n
 	q.lockList = sub(c, `SELECT key, `+lockCols+` FROM {L} WHERE namespace = ? AND %s AND key GLOB ? AND released_at IS NULL AND expires_at > ? ORDER BY key`)
 
 	// ----- circuits
-	// Unknown states (written by someone else) count as closed.
-	q.circFailure = sub(c, `INSERT INTO {C} (namespace, key, state, failure_count, last_failure_time, last_success_time, opened_at, probe_owner, probe_until, version, updated_at)
-VALUES (:ns, :key, CASE WHEN :th <= 1 THEN 'open' ELSE 'closed' END, 1, :now, NULL, CASE WHEN :th <= 1 THEN :now END, NULL, NULL, 1, :now)
-ON CONFLICT (namespace, key) DO UPDATE SET
+	// Unknown states (written by someone else) count as closed. Outcomes
+	// carry a generation (:gen; -1 for any): a present circuit's is
+	// COALESCE(opened_at, 0), an absent one's 0. For generations -1 and 0
+	// the outcome is an upsert whose update applies only to its generation;
+	// for a generation above 0 the circuit must exist, and it is a plain
+	// update of that generation. Either way, an outcome of another
+	// generation changes nothing and returns no row.
+	failSet := `
 	state = CASE
 		WHEN {C}.state IN ('open', 'half-open') THEN 'open'
 		WHEN {C}.failure_count + 1 >= :th THEN 'open'
@@ -95,19 +99,25 @@ ON CONFLICT (namespace, key) DO UPDATE SET
 	failure_count = {C}.failure_count + 1,
 	last_failure_time = :now,
 	version = {C}.version + 1,
-	updated_at = :now
-RETURNING `+circCols)
-	q.circSuccess = sub(c, `INSERT INTO {C} (namespace, key, state, failure_count, last_failure_time, last_success_time, opened_at, probe_owner, probe_until, version, updated_at)
-VALUES (:ns, :key, 'closed', 0, NULL, :now, NULL, NULL, NULL, 1, :now)
-ON CONFLICT (namespace, key) DO UPDATE SET
+	updated_at = :now`
+	successSet := `
 	state = CASE WHEN {C}.state = 'open' THEN 'open' ELSE 'closed' END,
 	failure_count = CASE WHEN {C}.state = 'open' THEN {C}.failure_count ELSE 0 END,
 	probe_owner = CASE WHEN {C}.state = 'open' THEN {C}.probe_owner ELSE NULL END,
 	probe_until = CASE WHEN {C}.state = 'open' THEN {C}.probe_until ELSE NULL END,
 	last_success_time = :now,
 	version = {C}.version + 1,
-	updated_at = :now
-RETURNING `+circCols)
+	updated_at = :now`
+	genUpsert := "\nWHERE :gen < 0 OR COALESCE({C}.opened_at, 0) = :gen\nRETURNING " + circCols
+	genUpdate := "\nWHERE namespace = :ns AND key = :key AND opened_at = :gen\nRETURNING " + circCols
+	q.circFailure = sub(c, `INSERT INTO {C} (namespace, key, state, failure_count, last_failure_time, last_success_time, opened_at, probe_owner, probe_until, version, updated_at)
+VALUES (:ns, :key, CASE WHEN :th <= 1 THEN 'open' ELSE 'closed' END, 1, :now, NULL, CASE WHEN :th <= 1 THEN :now END, NULL, NULL, 1, :now)
+ON CONFLICT (namespace, key) DO UPDATE SET`+failSet+genUpsert)
+	q.circFailureGen = sub(c, `UPDATE {C} SET`+failSet+genUpdate)
+	q.circSuccess = sub(c, `INSERT INTO {C} (namespace, key, state, failure_count, last_failure_time, last_success_time, opened_at, probe_owner, probe_until, version, updated_at)
+VALUES (:ns, :key, 'closed', 0, NULL, :now, NULL, NULL, NULL, 1, :now)
+ON CONFLICT (namespace, key) DO UPDATE SET`+successSet+genUpsert)
+	q.circSuccessGen = sub(c, `UPDATE {C} SET`+successSet+genUpdate)
 	q.circProbe = sub(c, `UPDATE {C} SET
 	state = 'half-open', probe_owner = :owner, probe_until = :until, version = version + 1, updated_at = :now
 WHERE namespace = :ns AND key = :key AND (
