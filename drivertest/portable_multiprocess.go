@@ -732,32 +732,27 @@ func (c *opCounter) AfterOp(_ context.Context, op warden.OpInfo) {
 }
 
 // portableLockHandoff: a holder in a child process releases while
-// lock.Acquire waits in the parent; the parent gets the lock promptly —
-// at once on stores with notifications, within the back-off otherwise.
+// lock.Acquire waits in the parent; the parent gets the lock — woken by
+// the release notification on stores that have them, by its back-off
+// otherwise. Behaviour, not speed, is checked (the latencies are logged;
+// bench/ measures them): on a store with notifications the waiter's
+// back-off and the holder's TTL are far longer than the wait allowed, so
+// only the notification can hand the lock over in time.
 func (s *suite) portableLockHandoff(t *testing.T) {
-	// The waiter's back-off is one second from the first attempt on (half
-	// to one second, jittered): a prompt hand-off comes from a release
-	// notification, while polling alone takes 0.5–1 s.
-	const retry = time.Second
-	const slack = 2 * time.Second
-	// A median under 400 ms can only come from notifications: polling
-	// alone never hands off in under half a second. (Busy 2-core machines
-	// running a server like FerretDB see medians of 60–280 ms.)
-	const quick = 400 * time.Millisecond // median hand-off with notifications
 	cfgs, st := s.fleetConfigs(t, "portable-lock-holder", 1)
 	canWatch := st.Locks().CanWatch()
-	rounds := 8
+	rounds, retry, holderTTL := 8, time.Hour, 2*time.Hour
 	if !canWatch {
-		rounds = 4 // each takes about a second
+		rounds, retry, holderTTL = 4, time.Second, 30*time.Second // each round takes about a second
 	}
-	cfgs[0].Rounds, cfgs[0].TTL = rounds, 30*time.Second
+	cfgs[0].Rounds, cfgs[0].TTL = rounds, holderTTL
 	key := cfgs[0].Key
 	ctx := testCtx(t)
 	// The parent's store counts its acquire attempts, to know when its
 	// Acquire has found the key held and waits.
 	hook := &opCounter{op: "lock.acquire", key: key}
 	wst := warden.New(unclosed(st.Driver()), &warden.Options{Hook: hook, Logger: st.Logger()})
-	locker, err := lock.New(wst, &lock.Options{TTL: 30 * time.Second, RetryMin: retry, RetryMax: retry})
+	locker, err := lock.New(wst, &lock.Options{TTL: holderTTL, RetryMin: retry, RetryMax: retry})
 	fatalIf(t, "lock.New", err)
 	defer locker.Close()
 
@@ -781,11 +776,15 @@ func (s *suite) portableLockHandoff(t *testing.T) {
 		})
 		f.await(t, "the parent's first attempt", func() bool { return hook.n.Load() > before })
 		fatalIf(t, "release", writeAtomic(f.path(fmt.Sprintf(releaseFile, r)), nil))
+		wait := awaitTimeout // far shorter than the back-off: only a notification hands over
+		if !canWatch {
+			wait += retry
+		}
 		var a acquired
 		select {
 		case a = <-got:
-		case <-time.After(retry + awaitTimeout):
-			t.Fatalf("round %d: the parent's Acquire still waits %v after the child was told to release", r, retry+awaitTimeout)
+		case <-time.After(wait):
+			t.Fatalf("round %d: the parent's Acquire still waits %v after the child was told to release (notifications: %v; back-off %v)", r, wait, canWatch, retry)
 		}
 		fatalIf(t, fmt.Sprintf("round %d: Acquire", r), a.err)
 		fatalIf(t, "taken", writeAtomic(f.path(fmt.Sprintf(takenFile, r)), nil))
@@ -796,11 +795,7 @@ func (s *suite) portableLockHandoff(t *testing.T) {
 		fatalIf(t, "release time", err)
 		ns, err := strconv.ParseInt(string(b), 10, 64)
 		fatalIf(t, "release time", err)
-		d := a.at.Sub(time.Unix(0, ns))
-		lat = append(lat, d)
-		if d > retry+slack {
-			t.Errorf("round %d: the waiter acquired %v after the holder in another process released, beyond its back-off %v + %v", r, d, retry, slack)
-		}
+		lat = append(lat, a.at.Sub(time.Unix(0, ns)))
 		fatalIf(t, fmt.Sprintf("round %d: Release", r), a.lease.Release(ctx))
 	}
 	f.wait(t)
@@ -808,9 +803,6 @@ func (s *suite) portableLockHandoff(t *testing.T) {
 	p50, worst := lat[len(lat)/2], lat[len(lat)-1]
 	t.Logf("lock hand-off from a holder in another process to a waiting lock.Acquire on %s (notifications: %v): p50 %v, max %v over %d rounds",
 		s.h.Name, canWatch, p50, worst, rounds)
-	if canWatch && p50 > quick {
-		t.Errorf("the median hand-off took %v on a store with notifications, want under %v: a release must wake the waiter", p50, quick)
-	}
 }
 
 // unclosed returns d with a Close that does nothing, and with d's lock

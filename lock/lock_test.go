@@ -130,11 +130,11 @@ func TestLocalWaitersFIFO(t *testing.T) {
 
 func TestWaiterWokenByReleaseNotification(t *testing.T) {
 	db := testkit.DBName(t)
-	holder := openEnv(t, db, nil).locker(t, &Options{TTL: time.Minute})
+	holder := openEnv(t, db, nil).locker(t, &Options{TTL: time.Hour})
 	we := openEnv(t, db, nil)
-	// Back-off so long that only a notification can explain a prompt
-	// hand-off.
-	waiter := we.locker(t, &Options{RetryMin: 10 * time.Second, RetryMax: 20 * time.Second})
+	// A back-off (and a holder TTL) far longer than the wait below: only
+	// the notification can hand the lock over.
+	waiter := we.locker(t, &Options{RetryMin: time.Hour, RetryMax: time.Hour})
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	h, err := holder.Acquire(ctx, "job")
@@ -156,7 +156,6 @@ func TestWaiterWokenByReleaseNotification(t *testing.T) {
 		ks := waiter.keys["job"]
 		return we.ops.Get("lock.acquire") >= 2 && waiter.sub == subRunning && ks != nil && !ks.busy
 	})
-	released := time.Now()
 	if err := h.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -165,13 +164,10 @@ func TestWaiterWokenByReleaseNotification(t *testing.T) {
 		if s == nil {
 			t.Fatal("no lease")
 		}
-		if d := time.Since(released); d > time.Second {
-			t.Fatalf("hand-off took %v", d)
-		}
 		if s.Token() <= h.Token() {
 			t.Fatalf("token %d not greater than the previous holder's %d", s.Token(), h.Token())
 		}
-	case <-time.After(2 * time.Second):
+	case <-time.After(10 * time.Second):
 		t.Fatal("the waiter was not woken by the release")
 	}
 }

@@ -38,7 +38,7 @@ func runHandoffChild(js string) int {
 		fmt.Println("error", err)
 		return 1
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var attempts atomic.Int64
 	st, err := warden.OpenWith(ctx, spec.URL, &warden.Options{Hook: warden.HookFunc(func(_ context.Context, op warden.OpInfo) {
@@ -51,7 +51,9 @@ func runHandoffChild(js string) int {
 		return 1
 	}
 	defer st.Close()
-	locker, err := lock.New(st, &lock.Options{TTL: time.Minute, Owner: "waiter", RetryMin: 10 * time.Second, RetryMax: 30 * time.Second})
+	// A back-off far longer than the waiter's context: only the release
+	// event can hand the lock over.
+	locker, err := lock.New(st, &lock.Options{TTL: time.Minute, Owner: "waiter", RetryMin: time.Hour, RetryMax: time.Hour})
 	if err != nil {
 		fmt.Println("error:", err)
 		return 1
@@ -73,8 +75,10 @@ func runHandoffChild(js string) int {
 }
 
 // TestCrossProcessHandoff: a waiter in another OS process acquires a lock
-// within moments of its release, woken by the release event read from the
-// capped collection (its polling back-off alone would take 10 s or more).
+// once it is released, woken by the release event read from the capped
+// collection: its back-off (an hour) and the holder's TTL (an hour) are
+// far longer than the waiter's context (two minutes), so nothing else can
+// hand the lock over. The latency is logged; bench/ measures it.
 func TestCrossProcessHandoff(t *testing.T) {
 	prefix := fmt.Sprintf("handoff-%d:", time.Now().UnixNano())
 	ctx := t.Context()
@@ -83,7 +87,7 @@ func TestCrossProcessHandoff(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	rec, ok, err := st.Driver().Locks().Acquire(ctx, "job", "holder", time.Minute)
+	rec, ok, err := st.Driver().Locks().Acquire(ctx, "job", "holder", time.Hour)
 	if err != nil || !ok {
 		t.Fatalf("Acquire: ok=%v err=%v", ok, err)
 	}
@@ -125,7 +129,4 @@ func TestCrossProcessHandoff(t *testing.T) {
 	}
 	d := time.Unix(0, ns).Sub(released)
 	t.Logf("cross-process hand-off: the waiter acquired %v after the release was sent", d)
-	if d > time.Second {
-		t.Errorf("hand-off took %v, want well under 1 s (woken by the release event)", d)
-	}
 }
