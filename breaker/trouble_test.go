@@ -158,8 +158,11 @@ func TestHungOutcomeWriteIsNotLost(t *testing.T) {
 	db := testkit.DBName(t)
 	h := newHung(db, "failure")
 	st := testkit.Open(t, h, &warden.Options{Logger: quiet})
-	b, err := breaker.New(st, "api", nil)
+	b, err := breaker.New(st, "api", &breaker.Options{SyncInterval: time.Hour})
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Do(context.Background(), succeed); err != nil { // reads the record
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)

@@ -1,13 +1,19 @@
 package drivertest
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"sort"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/warden-go/warden"
+	"github.com/warden-go/warden/breaker"
 	"github.com/warden-go/warden/driver"
 )
 
@@ -24,6 +30,10 @@ func (s *suite) circuits(t *testing.T) {
 		{"Operators", s.circuitOperators},
 		{"Generations", s.circuitGenerations},
 		{"GenerationsConcurrent", s.circuitGenerationsConcurrent},
+		{"BreakerHungStore", s.breakerHungStore},
+		{"BreakerHungWrite", s.breakerHungWrite},
+		{"BreakerOldOpenCircuit", s.breakerOldOpenCircuit},
+		{"BreakerLateSuccess", s.breakerLateSuccess},
 	})
 }
 
@@ -648,5 +658,243 @@ func (s *suite) circuitGenerationsConcurrent(t *testing.T) {
 	if rec.State != driver.Open || rec.Failures != threshold {
 		t.Errorf("%d concurrent failures of generation 0 at threshold %d: %s with %d failures, want open with exactly %d (failures of the generation that ended with the opening must be ignored)",
 			callers, threshold, rec.State, rec.Failures, threshold)
+	}
+}
+
+// ---------------------------------------------------------------------------
+// The breaker on this store when the store misbehaves or time has passed.
+
+// hungDriver wraps the store under test: its circuit operations named in
+// ops do not answer — they block until their ctx ends or release is
+// closed (the store answers again), then go on to the real store.
+type hungDriver struct {
+	driver.Store
+	ops     map[string]bool
+	release chan struct{}
+
+	mu        sync.Mutex
+	deadlines []time.Time
+	finished  atomic.Int32
+}
+
+// hang opens a second warden.Store over st's driver whose circuit
+// operations ops hang (no notifications: its Breakers poll).
+func hang(t *testing.T, st *warden.Store, ops ...string) (*warden.Store, *hungDriver) {
+	h := &hungDriver{Store: unclosed(st.Driver()), ops: map[string]bool{}, release: make(chan struct{})}
+	for _, op := range ops {
+		h.ops[op] = true
+	}
+	hs := warden.New(h, &warden.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	t.Cleanup(func() { _ = hs.Close() })
+	return hs, h
+}
+
+func (h *hungDriver) Circuits() driver.Circuits { return hungCircuits{h.Store.Circuits(), h} }
+
+func (h *hungDriver) block(ctx context.Context, op string) error {
+	if !h.ops[op] {
+		return nil
+	}
+	defer h.finished.Add(1)
+	dl, _ := ctx.Deadline()
+	h.mu.Lock()
+	h.deadlines = append(h.deadlines, dl)
+	h.mu.Unlock()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-h.release:
+		return nil
+	}
+}
+
+type hungCircuits struct {
+	driver.Circuits
+	h *hungDriver
+}
+
+func (c hungCircuits) RecordFailure(ctx context.Context, name string, threshold int, gen int64) (driver.CircuitRecord, error) {
+	if err := c.h.block(ctx, "failure"); err != nil {
+		return driver.CircuitRecord{}, err
+	}
+	return c.Circuits.RecordFailure(ctx, name, threshold, gen)
+}
+
+func (c hungCircuits) RecordSuccess(ctx context.Context, name string, gen int64) (driver.CircuitRecord, error) {
+	if err := c.h.block(ctx, "success"); err != nil {
+		return driver.CircuitRecord{}, err
+	}
+	return c.Circuits.RecordSuccess(ctx, name, gen)
+}
+
+func (c hungCircuits) TryProbe(ctx context.Context, name, owner string, openFor, lease time.Duration) (driver.CircuitRecord, bool, error) {
+	if err := c.h.block(ctx, "probe"); err != nil {
+		return driver.CircuitRecord{}, false, err
+	}
+	return c.Circuits.TryProbe(ctx, name, owner, openFor, lease)
+}
+
+func (c hungCircuits) Get(ctx context.Context, name string) (driver.CircuitRecord, bool, error) {
+	if err := c.h.block(ctx, "get"); err != nil {
+		return driver.CircuitRecord{}, false, err
+	}
+	return c.Circuits.Get(ctx, name)
+}
+
+// breakerHungStore: with a store that does not answer, a call with a 50 ms
+// deadline runs fn (fail-open) or is rejected (fail-closed) after store
+// work bounded by a budget that ends before the caller's deadline.
+func (s *suite) breakerHungStore(t *testing.T) {
+	st, _ := s.open(t)
+	for _, failClosed := range []bool{false, true} {
+		t.Run(fmt.Sprint("failClosed=", failClosed), func(t *testing.T) {
+			hs, h := hang(t, st, "get", "probe", "failure", "success")
+			b, err := breaker.New(hs, fmt.Sprint("hung-", failClosed), &breaker.Options{FailClosed: failClosed})
+			fatalIf(t, "breaker.New", err)
+			defer b.Close()
+			defer close(h.release)
+			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+			defer cancel()
+			deadline, _ := ctx.Deadline()
+			ran := false
+			var fnCtxErr error
+			v, err := breaker.Call(ctx, b, func(ctx context.Context) (int, error) {
+				ran, fnCtxErr = true, ctx.Err()
+				return 42, nil
+			})
+			h.mu.Lock()
+			for i, dl := range h.deadlines {
+				if dl.IsZero() || !dl.Before(deadline) {
+					t.Errorf("store operation %d ran with deadline %v, not before the caller's %v", i, dl, deadline)
+				}
+			}
+			h.mu.Unlock()
+			if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+				t.Fatalf("Do failed with the caller's own deadline: %v (ran=%v)", err, ran)
+			}
+			if st := b.Stats(); !st.StoreDown || !errors.Is(st.LastStoreError, breaker.ErrStoreTimeout) {
+				t.Fatalf("the hung store is not reported down: %+v", st)
+			}
+			if failClosed {
+				if !errors.Is(err, breaker.ErrOpen) || !errors.Is(err, breaker.ErrStoreTimeout) || ran {
+					t.Fatalf("fail-closed: err=%v ran=%v, want a rejection for the store's timeout", err, ran)
+				}
+				return
+			}
+			if err != nil || v != 42 || !ran || fnCtxErr != nil {
+				t.Fatalf("fail-open: v=%d err=%v ran=%v fn's ctx=%v, want fn's result from a live ctx", v, err, ran, fnCtxErr)
+			}
+		})
+	}
+}
+
+// breakerHungWrite: a failure whose write the store does not answer does
+// not hold the caller, and is recorded once the store answers.
+func (s *suite) breakerHungWrite(t *testing.T) {
+	st, _ := s.open(t)
+	hs, h := hang(t, st, "failure")
+	b, err := breaker.New(hs, "hung-write", &breaker.Options{SyncInterval: time.Hour})
+	fatalIf(t, "breaker.New", err)
+	// A first call without a deadline reads the record (the connection
+	// is warm, the view synced); the next call makes no read.
+	fatalIf(t, "a first call", b.Do(testCtx(t), func(context.Context) error { return nil }))
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := b.Do(ctx, func(context.Context) error { return errInjected }); !errors.Is(err, errInjected) {
+		t.Fatalf("Do = %v, want fn's error", err)
+	}
+	if n := h.finished.Load(); n != 0 {
+		t.Fatalf("Do returned only after its failure write ended (%d ended; the store had not answered)", n)
+	}
+	close(h.release)
+	fatalIf(t, "Close", b.Close())
+	rec, _, err := st.Circuits().Get(testCtx(t), "hung-write")
+	fatalIf(t, "Get", err)
+	wantCircuit(t, "after the store answered", rec, "hung-write", driver.Closed, 1)
+}
+
+// storeClock waits until the store's clock (the UpdatedAt of a write)
+// reaches at.
+func storeClock(t *testing.T, c *warden.Circuits, at time.Time) {
+	ctx := testCtx(t)
+	for {
+		rec, err := c.RecordFailure(ctx, "store-clock", 1<<30)
+		fatalIf(t, "RecordFailure", err)
+		if !rec.UpdatedAt.Before(at) {
+			return
+		}
+		if !sleepCtx(ctx, 10*time.Millisecond) {
+			t.Fatal(ctx.Err())
+		}
+	}
+}
+
+// breakerOldOpenCircuit: a new Breaker whose first view of its circuit is
+// an opening older than OpenFor (by the store's clock) probes at once.
+func (s *suite) breakerOldOpenCircuit(t *testing.T) {
+	ctx := testCtx(t)
+	st, prefix := s.open(t)
+	const openFor = 300 * time.Millisecond
+	rec, err := st.Circuits().RecordFailure(ctx, "old", 1)
+	fatalIf(t, "RecordFailure", err)
+	storeClock(t, st.Circuits(), rec.OpenedAt.Add(openFor))
+	b, err := breaker.New(s.openPrefix(t, prefix), "old", &breaker.Options{OpenFor: openFor, SyncInterval: time.Hour})
+	fatalIf(t, "breaker.New", err)
+	defer b.Close()
+	ran := false
+	if err := b.Do(ctx, func(context.Context) error { ran = true; return nil }); err != nil || !ran {
+		t.Fatalf("the first call of a new breaker on a circuit open for longer than OpenFor: err=%v ran=%v, want it admitted as the probe", err, ran)
+	}
+	rec, _, err = st.Circuits().Get(ctx, "old")
+	fatalIf(t, "Get", err)
+	wantCircuit(t, "after the probe", rec, "old", driver.Closed, 0)
+}
+
+// breakerLateSuccess: a slow call admitted while closed succeeds while
+// another process probes the circuit, which opened since: the success
+// changes nothing, and the probe's failure re-opens the circuit.
+func (s *suite) breakerLateSuccess(t *testing.T) {
+	ctx := testCtx(t)
+	st, prefix := s.open(t)
+	const openFor = 50 * time.Millisecond
+	// This Breaker polls with an hour's SyncInterval: its view stays what
+	// its own calls saw.
+	bst, _ := hang(t, s.openPrefix(t, prefix))
+	a, err := breaker.New(bst, "late", &breaker.Options{Threshold: 2, OpenFor: openFor, SyncInterval: time.Hour})
+	fatalIf(t, "breaker.New", err)
+	defer a.Close()
+	if err := a.Do(ctx, func(context.Context) error { return errInjected }); !errors.Is(err, errInjected) {
+		t.Fatal(err)
+	}
+	started, finish, done := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+	go func() {
+		done <- a.Do(ctx, func(context.Context) error { close(started); <-finish; return nil })
+	}()
+	<-started
+	other := st.Circuits()
+	opened, err := other.RecordFailure(ctx, "late", 2)
+	fatalIf(t, "RecordFailure", err)
+	wantCircuit(t, "after the second failure", opened, "late", driver.Open, 2)
+	for {
+		_, granted, err := other.TryProbe(ctx, "late", "other-process", openFor, time.Minute)
+		fatalIf(t, "TryProbe", err)
+		if granted {
+			break
+		}
+		if !sleepCtx(ctx, 10*time.Millisecond) {
+			t.Fatal(ctx.Err())
+		}
+	}
+	close(finish)
+	fatalIf(t, "the slow call", <-done)
+	rec, _, err := other.Get(ctx, "late")
+	fatalIf(t, "Get", err)
+	if rec.State != driver.HalfOpen || rec.ProbeOwner != "other-process" {
+		t.Fatalf("a late success of the previous generation changed the probed circuit: %s, probe owner %q", rec.State, rec.ProbeOwner)
+	}
+	rec, err = other.RecordFailure(ctx, "late", 2)
+	fatalIf(t, "RecordFailure", err)
+	if rec.State != driver.Open {
+		t.Errorf("after the probe failed: %s, want open", rec.State)
 	}
 }
