@@ -401,6 +401,9 @@ func run[T any](ctx context.Context, st *warden.Store, key string, fn func(conte
 		fmt.Errorf("%w: key %q: the claim was not renewed before its deadline", ErrLeaseLost, key))
 	runCtx, stopRun := claim.Child(ctx)
 	defer stopRun()
+	// The claim ends at its deadline even while a renewal hangs in the
+	// store.
+	defer claim.CancelAtDeadline()()
 	ext := startRenewal(ctx, claim, idem, log, key, s)
 
 	// Writes after fn returns do not follow ctx's cancellation: the

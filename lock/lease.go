@@ -48,9 +48,11 @@ type Lease struct {
 	expiresAt time.Time
 	// nextRefresh is when the background refresh is due.
 	nextRefresh time.Time
-	// pendingSince is the send time of the first refresh whose outcome is
-	// not known yet (zero if none): if a read-back shows the expiry moved,
-	// some refresh sent at or after it applied.
+	// pendingSince is the send time of the earliest refresh whose outcome
+	// stayed unknown (zero if none). Its write may still land at any time,
+	// so a later success does not clear it: if a read-back shows the
+	// expiry moved, only "some refresh sent at or after pendingSince
+	// applied" is known.
 	pendingSince time.Time
 	failures     int  // consecutive failed background refreshes
 	queued       bool // waiting for a refresh worker
@@ -207,10 +209,13 @@ func (s *Lease) refresh(ctx context.Context, auto bool) error {
 	}
 	s.refreshing = true
 	s.refreshDone = make(chan struct{})
-	if s.pendingSince.IsZero() {
-		s.pendingSince = sent
+	// A read-back can credit the expiry it finds only to the earliest
+	// refresh whose write may have made it.
+	base := sent
+	if !s.pendingSince.IsZero() {
+		base = s.pendingSince
 	}
-	base, prevExp, deadline := s.pendingSince, s.expiresAt, s.ctx.When()
+	prevExp, deadline := s.expiresAt, s.ctx.When()
 	s.arm() // only the deadline while the refresh is in flight
 	s.mu.Unlock()
 
@@ -246,15 +251,19 @@ func (s *Lease) refresh(ctx context.Context, auto bool) error {
 	case err == nil:
 		s.lose("a refresh was refused: "+describe(rec), false)
 		return ErrLeaseLost
-	case readBack && ours && back.ExpiresAt.After(prevExp):
+	case readBack && ours && back.ExpiresAt.After(prevExp) && base.Add(l.ttl-l.skew).After(s.ctx.When()):
 		// The expiry moved since the last proof, so a refresh sent at or
-		// after base applied.
+		// after base applied — which extends the deadline only if base is
+		// after the last proof.
 		return s.prove(base, back.ExpiresAt)
 	case readBack && !ours:
 		s.lose("a refresh failed ("+err.Error()+") and reading back showed "+describe(back), false)
 		return ErrLeaseLost
 	}
 	// Unknown, or still ours but not renewed: held until the deadline.
+	if s.pendingSince.IsZero() {
+		s.pendingSince = sent
+	}
 	if s.ctx.Expire(now) {
 		s.lose("no refresh succeeded before the lease's local deadline ("+err.Error()+")", true)
 		return ErrLeaseLost
@@ -289,7 +298,6 @@ func (s *Lease) prove(base, exp time.Time) error {
 	if exp.After(s.expiresAt) {
 		s.expiresAt = exp
 	}
-	s.pendingSince = time.Time{}
 	s.failures = 0
 	s.nextRefresh = base.Add(l.refreshDelay())
 	s.arm()
@@ -335,10 +343,14 @@ func (s *Lease) Release(ctx context.Context) error {
 		s.mu.Unlock()
 		if retry {
 			// The store may still have the holding: end it so others need
-			// not wait for it to lapse.
-			if _, err := l.locks.Release(ctx, s.key, l.owner, s.token); err == nil {
-				l.clearStale(s.key, s.token)
-			}
+			// not wait for it to lapse — but not while an acquire of this
+			// Locker is in flight on the key: it may be renewing this very
+			// holding, and must see it as stale when its answer comes.
+			_ = l.exclusive(ctx, s.key, func() {
+				if _, err := l.locks.Release(ctx, s.key, l.owner, s.token); err == nil {
+					l.clearStale(s.key, s.token)
+				}
+			})
 		}
 		return fmt.Errorf("%w: %w", ErrNotHeld, ErrLeaseLost)
 	case s.state == stateReleased && !s.unconfirmed:
@@ -360,7 +372,20 @@ func (s *Lease) Release(ctx context.Context) error {
 	if first {
 		s.ctx.Cancel(ErrReleased)
 	}
-	ok, err := l.locks.Release(ctx, s.key, l.owner, s.token)
+	var (
+		ok  bool
+		err error
+	)
+	release := func() { ok, err = l.locks.Release(ctx, s.key, l.owner, s.token) }
+	if first {
+		// The lease is still the key's holder here: no acquire of this
+		// Locker runs on the key.
+		release()
+	} else if xerr := l.exclusive(ctx, s.key, release); xerr != nil {
+		// A retry after a failed release: the holding is stale and
+		// acquires of this Locker may run (see the lost case above).
+		err = xerr
+	}
 	s.mu.Lock()
 	s.releasing = false
 	if err == nil {

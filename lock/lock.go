@@ -684,6 +684,46 @@ func (l *Locker) attempt(ctx context.Context, key string) (rec driver.LockRecord
 	}
 }
 
+// exclusive runs f while no store acquire of key by this Locker is in
+// flight, keeping new ones from starting until f returns. Releases of a
+// holding the Locker lost track of (a stale holding) go through it: an
+// acquire in flight may be renewing that very holding (the same owner
+// re-acquiring keeps its token), and must find it still marked stale when
+// its answer arrives, or it would hand out a lease on a holding the
+// release has just ended, with a token another holder may get next. It
+// returns ctx's error if ctx ends first (f is then not run).
+func (l *Locker) exclusive(ctx context.Context, key string, f func()) error {
+	l.mu.Lock()
+	ks := l.state(key)
+	for ks.busy {
+		if ks.idle == nil {
+			ks.idle = make(chan struct{})
+		}
+		idle := ks.idle
+		l.mu.Unlock()
+		select {
+		case <-idle:
+		case <-ctx.Done():
+			l.mu.Lock()
+			l.gc(key, ks)
+			l.mu.Unlock()
+			return ctx.Err()
+		}
+		l.mu.Lock()
+	}
+	ks.busy = true
+	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		ks.endBusy()
+		ks.wakeHead()
+		l.gc(key, ks)
+		l.mu.Unlock()
+	}()
+	f()
+	return nil
+}
+
 // releaseOrphan gives back a holding acquired after Close began.
 func (l *Locker) releaseOrphan(ctx context.Context, key string, token int64) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)

@@ -8,6 +8,7 @@ package deadline
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -120,6 +121,37 @@ func (c *Context) Expire(now time.Time) bool {
 		c.cancel(c.cause)
 	}
 	return c.Context.Err() != nil
+}
+
+// CancelAtDeadline starts a timer that cancels c with its deadline cause
+// when its deadline passes, following Extend, so that Done closes even if
+// nobody calls Err and whatever else the holder's renewal is doing. stop
+// releases the timer; call it when the holding ends. (Done closes when the
+// runtime runs the timer: on a process starved of CPU that can be later
+// than the deadline. Err is exact.)
+func (c *Context) CancelAtDeadline() (stop func()) {
+	var (
+		mu      sync.Mutex
+		stopped bool
+		t       *time.Timer
+	)
+	fire := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if stopped || c.Expire(time.Now()) {
+			return
+		}
+		t.Reset(time.Until(c.When())) // extended meanwhile
+	}
+	mu.Lock()
+	t = time.AfterFunc(time.Until(c.When()), fire)
+	mu.Unlock()
+	return func() {
+		mu.Lock()
+		defer mu.Unlock()
+		stopped = true
+		t.Stop()
+	}
 }
 
 // Cancel cancels the context with cause (the first cause wins).
