@@ -51,7 +51,11 @@
 // the token of every earlier holding of the key: pass it with every write
 // to the resource the lock protects and have the resource refuse a write
 // whose token is smaller than the greatest it has accepted. Work done
-// under [Do] should also watch its context.
+// under [Do] should also watch its context — by calling ctx.Err() before
+// each write, not only by waiting on Done: Err consults the clock and is
+// exact at the lease's deadline, while Done is closed by a timer that the
+// Go runtime may run up to ~10 ms late on a process whose goroutines keep
+// every CPU busy.
 //
 // # Waiting
 //
