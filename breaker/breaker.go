@@ -307,8 +307,8 @@ type Breaker struct {
 	chain     string // the probe owner id this Breaker holds the slot with
 	chainOK   int    // successful probes in the current chain
 
-	writers int        // outcome writes in flight
-	idle    *sync.Cond // signalled when writers drops to 0
+	writers int           // outcome writes in flight
+	drained chan struct{} // closed when writers drops to 0
 
 	started bool // the watcher was started
 	closed  bool
@@ -398,7 +398,6 @@ func New(st *warden.Store, name string, opts *Options) (*Breaker, error) {
 		state:      Closed,
 		rec:        driver.CircuitRecord{Name: name, State: Closed},
 	}
-	b.idle = sync.NewCond(&b.mu)
 	return b, nil
 }
 
@@ -544,12 +543,29 @@ func (b *Breaker) Close() error {
 		cancel()
 	}
 	b.wg.Wait()
-	b.mu.Lock()
-	for b.writers > 0 {
-		b.idle.Wait()
-	}
-	b.mu.Unlock()
+	_ = b.Flush(context.Background())
 	return nil
+}
+
+// Flush waits until the outcome writes in flight — those whose callers
+// stopped waiting for them after their store budget — have ended (landed
+// in the store or failed), or until ctx ends, and returns ctx's error in
+// that case. A call's outcome is in the store once Flush returns nil
+// (unless the store failed it; see Stats). Close flushes too.
+func (b *Breaker) Flush(ctx context.Context) error {
+	b.mu.Lock()
+	if b.writers == 0 {
+		b.mu.Unlock()
+		return nil
+	}
+	ch := b.drained
+	b.mu.Unlock()
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // ---------------------------------------------------------------------------
@@ -815,6 +831,9 @@ func (b *Breaker) failed(ctx context.Context, t ticket) {
 // on; Close waits for it.
 func (b *Breaker) write(ctx context.Context, op func(wctx context.Context) (driver.CircuitRecord, error), after func(wctx context.Context, rec driver.CircuitRecord, err error)) {
 	b.mu.Lock()
+	if b.writers == 0 {
+		b.drained = make(chan struct{})
+	}
 	b.writers++
 	b.mu.Unlock()
 	done := make(chan struct{})
@@ -827,7 +846,7 @@ func (b *Breaker) write(ctx context.Context, op func(wctx context.Context) (driv
 		after(wctx, rec, err)
 		b.writers--
 		if b.writers == 0 {
-			b.idle.Broadcast()
+			close(b.drained)
 		}
 		b.unlock()
 	}()

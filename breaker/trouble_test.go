@@ -173,7 +173,15 @@ func TestHungOutcomeWriteIsNotLost(t *testing.T) {
 	if n := h.finished.Load(); n != 0 {
 		t.Fatalf("Do returned only after its failure write ended (%d ended; the store had not answered): the caller was held by the store", n)
 	}
+	gone, cancelGone := context.WithCancel(context.Background())
+	cancelGone()
+	if err := b.Flush(gone); err != context.Canceled {
+		t.Fatalf("Flush(cancelled) with a write in flight = %v, want context.Canceled", err)
+	}
 	close(h.release) // the store answers again
+	if err := b.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
 	}
