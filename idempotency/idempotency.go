@@ -606,6 +606,9 @@ func (r *renewal) run(ctx context.Context, idem *warden.Idempotency, log *slog.L
 		// error before it.
 		if !timedOut || lastErr == nil {
 			lastErr = err
+			// If the deadline passes first (by the clock, or by the
+			// claim's timer), the loss names this error.
+			claim.SetCause(fmt.Errorf("%w: key %q: the claim could not be renewed before its deadline: %w", ErrLeaseLost, key, lastErr))
 		}
 		left := time.Until(claim.When())
 		if left <= 0 {

@@ -60,18 +60,26 @@ func mono(t time.Time) int64 { return int64(t.Sub(epoch)) }
 type Context struct {
 	context.Context
 	cancel   context.CancelCauseFunc
-	cause    error
-	deadline atomic.Int64 // monotonic nanoseconds since epoch
+	cause    atomic.Pointer[error] // the cause given when the deadline passes
+	deadline atomic.Int64          // monotonic nanoseconds since epoch
 }
 
 // New returns a Context carrying parent's values but not its cancellation,
 // done at deadline with cause (or earlier by Cancel).
 func New(parent context.Context, deadline time.Time, cause error) *Context {
 	ctx, cancel := context.WithCancelCause(context.WithoutCancel(parent))
-	c := &Context{Context: ctx, cancel: cancel, cause: cause}
+	c := &Context{Context: ctx, cancel: cancel}
+	c.cause.Store(&cause)
 	c.deadline.Store(mono(deadline))
 	return c
 }
+
+// SetCause replaces the cause the context is cancelled with when its
+// deadline passes (for example to name the renewal error that kept it
+// from being extended). It has no effect once the context is done.
+func (c *Context) SetCause(cause error) { c.cause.Store(&cause) }
+
+func (c *Context) deadlineCause() error { return *c.cause.Load() }
 
 // Err returns nil while the context is live and its deadline has not
 // passed; otherwise it makes sure the context is cancelled and returns
@@ -81,7 +89,7 @@ func (c *Context) Err() error {
 		return err
 	}
 	if c.Passed(time.Now()) {
-		c.cancel(c.cause)
+		c.cancel(c.deadlineCause())
 		return c.Context.Err()
 	}
 	return nil
@@ -118,7 +126,7 @@ func (c *Context) Extend(d time.Time) bool {
 // passed at now, and reports whether the context is done.
 func (c *Context) Expire(now time.Time) bool {
 	if c.Context.Err() == nil && c.Passed(now) {
-		c.cancel(c.cause)
+		c.cancel(c.deadlineCause())
 	}
 	return c.Context.Err() != nil
 }
