@@ -46,6 +46,11 @@ for m in $modules; do
   echo "=== module $m"
   run_module "$m" || true
 done
+# The README's install lines and example, from a module outside this one.
+echo "=== outside module (README install and example)"
+start=$(date +%s); rc=0
+testenv/outside.sh || rc=1
+echo "outside-module $(( $(date +%s) - start )) $rc" >>"$times"
 for p in "${pids[@]}"; do wait "$p" || true; done
 for m in $slow; do
   f="$logs/$(echo "$m" | tr / _).log"
