@@ -578,33 +578,23 @@ func (l *Locker) TryAcquire(ctx context.Context, key string) (*Lease, error) {
 	cctx, cancel := l.callCtx(ctx)
 	defer cancel()
 	l.mu.Lock()
-	for {
+	// Another attempt on the key in flight: wait for its outcome.
+	ks, err := l.idleState(key, cctx.Done(), func(ks *keyState) error {
 		if l.closed {
-			l.mu.Unlock()
-			return nil, ErrClosed
+			return ErrClosed
 		}
-		ks := l.state(key)
 		if s := ks.held; s != nil {
-			l.mu.Unlock()
-			return nil, &HeldError{Key: key, Owner: l.owner, Token: s.token, ExpiresAt: s.ExpiresAt()}
+			return &HeldError{Key: key, Owner: l.owner, Token: s.token, ExpiresAt: s.ExpiresAt()}
 		}
-		if !ks.busy {
-			break
-		}
-		// Another attempt on the key is in flight: wait for its outcome.
-		if ks.idle == nil {
-			ks.idle = make(chan struct{})
-		}
-		idle := ks.idle
+		return nil
+	})
+	if err != nil {
 		l.mu.Unlock()
-		select {
-		case <-idle:
-		case <-cctx.Done():
-			return nil, doneErr(ctx, cctx, nil)
+		if err == errWaitEnded {
+			err = doneErr(ctx, cctx, nil)
 		}
-		l.mu.Lock()
+		return nil, err
 	}
-	ks := l.keys[key]
 	ks.busy = true
 	l.mu.Unlock()
 
@@ -694,22 +684,10 @@ func (l *Locker) attempt(ctx context.Context, key string) (rec driver.LockRecord
 // returns ctx's error if ctx ends first (f is then not run).
 func (l *Locker) exclusive(ctx context.Context, key string, f func()) error {
 	l.mu.Lock()
-	ks := l.state(key)
-	for ks.busy {
-		if ks.idle == nil {
-			ks.idle = make(chan struct{})
-		}
-		idle := ks.idle
+	ks, err := l.idleState(key, ctx.Done(), nil)
+	if err != nil {
 		l.mu.Unlock()
-		select {
-		case <-idle:
-		case <-ctx.Done():
-			l.mu.Lock()
-			l.gc(key, ks)
-			l.mu.Unlock()
-			return ctx.Err()
-		}
-		l.mu.Lock()
+		return ctx.Err()
 	}
 	ks.busy = true
 	l.mu.Unlock()
@@ -722,6 +700,43 @@ func (l *Locker) exclusive(ctx context.Context, key string, f func()) error {
 	}()
 	f()
 	return nil
+}
+
+// errWaitEnded: idleState's done channel closed first.
+var errWaitEnded = errors.New("lock: wait ended")
+
+// idleState returns key's state once no store attempt of this Locker on
+// the key is in flight. l.mu is held on entry and on return (it is
+// released while waiting). check, if not nil, looks at the state each
+// time before waiting and ends the wait with its error; a closed done
+// ends it with errWaitEnded. The state is looked up afresh after every
+// wait: one left empty meanwhile may have been dropped.
+func (l *Locker) idleState(key string, done <-chan struct{}, check func(*keyState) error) (*keyState, error) {
+	for {
+		ks := l.state(key)
+		if check != nil {
+			if err := check(ks); err != nil {
+				l.gc(key, ks)
+				return nil, err
+			}
+		}
+		if !ks.busy {
+			return ks, nil
+		}
+		if ks.idle == nil {
+			ks.idle = make(chan struct{})
+		}
+		idle := ks.idle
+		l.mu.Unlock()
+		select {
+		case <-idle:
+			l.mu.Lock()
+		case <-done:
+			l.mu.Lock()
+			l.gc(key, ks)
+			return nil, errWaitEnded
+		}
+	}
 }
 
 // releaseOrphan gives back a holding acquired after Close began.
