@@ -58,7 +58,8 @@ fail fast until its open period passes and a probe succeeds, or until
 			maxArgs: 1,
 			help: `
 Forces the circuit breaker NAME closed and resets its failure count, in
-every process that uses it.`,
+every process that uses it. Exits 4, creating nothing, if NAME has no
+record: such a circuit already reads as closed.`,
 			example: `warden breaker close payments-api`,
 			setup:   noFlags(breakerSetter(driver.Closed)),
 		},
@@ -154,13 +155,13 @@ func breakerShow(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 	if !found {
-		return notFoundf("circuit breaker %q has no record (it reads as closed)", args[0])
+		return notFoundf("circuit breaker %s has no record (it reads as closed)", quoteShort(args[0]))
 	}
 	if err := c.printCircuit(rec); err != nil {
 		return err
 	}
 	if rec.State != driver.Closed {
-		return exitf(exitHeld, "circuit breaker %q is %s", args[0], rec.State)
+		return exitf(exitHeld, "circuit breaker %s is %s", quoteShort(args[0]), rec.State)
 	}
 	return nil
 }
@@ -170,6 +171,16 @@ func breakerSetter(state driver.CircuitState) runFunc {
 	return func(ctx context.Context, c *cli, args []string) error {
 		var rec driver.CircuitRecord
 		err := c.withStore(ctx, func(ctx context.Context, st *warden.Store) (err error) {
+			if state == driver.Closed {
+				// A circuit without a record already reads as closed:
+				// closing a mistyped name must not create one.
+				if _, found, err := st.Circuits().Get(ctx, args[0]); err != nil || !found {
+					if err == nil {
+						err = notFoundf("circuit breaker %s has no record (it reads as closed; nothing to close)", quoteShort(args[0]))
+					}
+					return err
+				}
+			}
 			rec, err = st.Circuits().Set(ctx, args[0], state)
 			return err
 		})
@@ -190,7 +201,7 @@ func breakerReset(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 	if !ok {
-		return notFoundf("circuit breaker %q has no record", args[0])
+		return notFoundf("circuit breaker %s has no record", quoteShort(args[0]))
 	}
 	if c.isJSON() {
 		return c.printJSON(struct {

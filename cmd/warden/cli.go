@@ -10,8 +10,10 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
@@ -48,6 +50,9 @@ type cli struct {
 	// `lock run`. One reader at a time.
 	sigs <-chan os.Signal
 	g    globals
+	// args are the command's positional arguments (keys, patterns,
+	// names), which messages show cut to a readable length.
+	args []string
 }
 
 // run is warden's entry point: it runs the command in args and returns the
@@ -159,6 +164,7 @@ func (c *cli) runCommand(ctx context.Context, cmd *command, args []string) error
 		}
 		return usagef(cmd, "%s", flagErrText(err))
 	}
+	c.args = pos
 	if err := c.checkGlobals(cmd); err != nil {
 		return err
 	}
@@ -195,6 +201,65 @@ func (c *cli) checkGlobals(cmd *command) error {
 		return usagef(cmd, "--store is empty")
 	}
 	return nil
+}
+
+// checkStoreURL refuses, as usage errors, store URLs that no store could
+// use: one without a scheme, and one whose port (of the main URL or of a
+// URL-valued query parameter such as DynamoDB's endpoint) is not a number
+// from 1 to 65535. A dial to such a port would otherwise be reported as
+// an unreachable store. Other mistakes are the store's to report. It runs
+// when a store is opened, so that version and completion need no store.
+func checkStoreURL(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil // warden.Open says so, without quoting the URL
+	}
+	if u.Scheme == "" {
+		return usagef(nil, "--store %s: a store URL needs a scheme, such as %s; registered schemes are %s",
+			quoteShort(scrubSecrets(raw, raw)), defaultStore, strings.Join(warden.Schemes(), ", "))
+	}
+	check := func(what string, u *url.URL) error {
+		for _, host := range strings.Split(u.Host, ",") { // mongodb:// lists hosts
+			i := strings.LastIndexByte(host, ':')
+			if i < 0 || strings.HasSuffix(host, "]") {
+				continue // no port
+			}
+			port := host[i+1:]
+			if port == "" {
+				continue
+			}
+			if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+				return usagef(nil, "--store: invalid port %s in %s: want 1 to 65535", quoteShort(port), what)
+			}
+		}
+		return nil
+	}
+	if err := check("the store URL", u); err != nil {
+		return err
+	}
+	for name, vals := range u.Query() {
+		for _, v := range vals {
+			if nu, ok := nestedURL(v); ok {
+				if err := check("its "+name+"= parameter", nu); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// nestedURL parses a query parameter's value that is itself a URL with a
+// host (DynamoDB's endpoint=http://…).
+func nestedURL(v string) (*url.URL, bool) {
+	if !strings.Contains(v, "://") {
+		return nil, false
+	}
+	u, err := url.Parse(v)
+	if err != nil || u.Scheme == "" || u.Host == "" {
+		return nil, false
+	}
+	return u, true
 }
 
 // parseArgs parses flags and positional arguments in any order. Everything
@@ -245,8 +310,12 @@ func flagErrText(err error) string {
 // own warnings (a lease lost, …) are not logged: the commands report what
 // matters in one line.
 func (c *cli) openStore(ctx context.Context) (*warden.Store, error) {
+	if err := checkStoreURL(c.g.store); err != nil {
+		return nil, err
+	}
 	st, err := warden.OpenWith(ctx, c.g.store, &warden.Options{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
+		err = quoteOpenURL(err, c.g.store)
 		if c.scheme() == "sqlite" {
 			err = &sqliteOpenError{err}
 		}
@@ -333,14 +402,41 @@ func (c *cli) redactedStore() string {
 	return redactURL(c.g.store)
 }
 
-// redactURL hides a URL's secrets (driver.RedactURL); an unparseable URL
-// is not shown.
+// redactURL hides a URL's secrets (driver.RedactURL), and the passwords of
+// URLs given as query parameters (endpoint=http://user:password@…); an
+// unparseable URL is not shown.
 func redactURL(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return "(unparseable URL)"
 	}
-	return driver.RedactURL(u)
+	return scrubSecrets(driver.RedactURL(u), raw)
+}
+
+// openError is warden.Open's error with the store URL quoted: a URL may
+// end with a colon (?prefix=billing:, sqlite:), which "open URL: error"
+// would double.
+type openError struct {
+	url string // redacted
+	err error  // warden.Open's cause
+}
+
+func (e *openError) Error() string { return "open " + strconv.Quote(e.url) + ": " + e.err.Error() }
+func (e *openError) Unwrap() error { return e.err }
+
+// quoteOpenURL rewrites warden.Open's "warden: open URL: cause" error as
+// an *openError; other errors are returned as they are.
+func quoteOpenURL(err error, raw string) error {
+	u, perr := url.Parse(raw)
+	if perr != nil {
+		return err
+	}
+	redacted := driver.RedactURL(u)
+	cause := errors.Unwrap(err)
+	if cause == nil || !strings.HasPrefix(err.Error(), "warden: open "+redacted+": ") {
+		return err
+	}
+	return &openError{url: scrubSecrets(redacted, raw), err: cause}
 }
 
 // message is the one line printed on stderr for err, without the store
@@ -364,7 +460,70 @@ func (c *cli) message(err error) string {
 			msg += " (see 'warden --help')"
 		}
 	}
-	return "warden: " + oneLine(scrubSecrets(msg, c.g.store))
+	return "warden: " + oneLine(shortenArgs(scrubSecrets(msg, c.g.store), c.args))
+}
+
+// Messages show keys, patterns and names of up to maxShown bytes whole;
+// longer ones as their first maxShown bytes and their length.
+const maxShown = 64
+
+// short returns s, or its first maxShown bytes (whole UTF-8 characters)
+// followed by "…(N bytes)".
+func short(s string) string {
+	if len(s) <= maxShown {
+		return s
+	}
+	return cut(s) + fmt.Sprintf("…(%d bytes)", len(s))
+}
+
+// quoteShort is strconv.Quote(s) with a long s cut as short does:
+// "abc…"…(N bytes).
+func quoteShort(s string) string {
+	if len(s) <= maxShown {
+		return strconv.Quote(s)
+	}
+	return strconv.Quote(cut(s)) + fmt.Sprintf("…(%d bytes)", len(s))
+}
+
+// cut returns the first maxShown bytes of s, ending on a character boundary.
+func cut(s string) string {
+	n := maxShown
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
+// maxWord bounds any word of a message: a run of more bytes without a space
+// is cut like a long key, whatever quoted it.
+const maxWord = 256
+
+// shortenArgs cuts, in msg, the long arguments in args (quoted or not) and
+// any other run of more than maxWord bytes without a space.
+func shortenArgs(msg string, args []string) string {
+	for _, a := range args {
+		if len(a) > maxShown {
+			msg = strings.ReplaceAll(msg, strconv.Quote(a), quoteShort(a))
+			msg = strings.ReplaceAll(msg, a, short(a))
+		}
+	}
+	if len(msg) <= maxWord {
+		return msg
+	}
+	var b strings.Builder
+	for len(msg) > 0 {
+		i := strings.IndexAny(msg, " \t\n")
+		word := msg
+		if i >= 0 {
+			word = msg[:i+1]
+		}
+		msg = msg[len(word):]
+		if len(word) > maxWord {
+			word = short(word)
+		}
+		b.WriteString(word)
+	}
+	return b.String()
 }
 
 // oneLine joins a multi-line message into one line.
@@ -399,12 +558,25 @@ func scrubSecrets(s, rawURL string) string {
 		if driver.SecretParam(name) {
 			secrets = append(secrets, vals...)
 		}
+		// A URL given as a parameter (endpoint=http://user:password@…).
+		for _, v := range vals {
+			if nu, ok := nestedURL(v); ok && nu.User != nil {
+				if pw, ok := nu.User.Password(); ok {
+					secrets = append(secrets, pw)
+				}
+			}
+		}
 	}
 	for _, secret := range secrets {
 		if secret == "" {
 			continue
 		}
-		for _, form := range []string{url.UserPassword("", secret).String()[1:], url.QueryEscape(secret), url.PathEscape(secret), secret} {
+		forms := []string{url.UserPassword("", secret).String()[1:], url.QueryEscape(secret), url.PathEscape(secret), secret}
+		// Escaped once more, as a nested URL's password is in a query.
+		for _, f := range forms[:3] {
+			forms = append(forms, url.QueryEscape(f))
+		}
+		for _, form := range forms {
 			s = strings.ReplaceAll(s, form, "xxxxx")
 		}
 	}

@@ -152,6 +152,8 @@ func TestPasswordsNeverPrinted(t *testing.T) {
 		"mysql://user:s3cret@%zz/":                                 exitUsage,
 		"mongodb://user:s3cret@127.0.0.1:1/db?bogus=1":             exitUsage,
 		"dynamodb://t?endpoint=http://127.0.0.1:1&password=s3cret": exitUsage,
+		"dynamodb://t?endpoint=http://u:s3cret@127.0.0.1:1":        exitUsage,
+		"dynamodb://t?endpoint=http%3A%2F%2Fu%3As3cret%40h%3A1":    exitUsage,
 	} {
 		for _, args := range [][]string{{"ping"}, {"--help"}, {"lock", "ls", "--help"}, {"-o", "json", "migrate"}} {
 			r := invoke(t, "", append([]string{"--store", url}, args...)...)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -73,7 +74,7 @@ func lockRun(ctx context.Context, c *cli, key string, argv []string, o runOption
 		if o.noWait {
 			return exitf(exitHeld, "lock %q is held by %s until %s (fencing token %d)", key, cell(held.Owner), tableTime(held.ExpiresAt), held.Token)
 		}
-		fmt.Fprintf(c.stderr, "warden: waiting for lock %q, held by %s until %s\n", key, cell(held.Owner), tableTime(held.ExpiresAt))
+		fmt.Fprintf(c.stderr, "warden: waiting for lock %s, held by %s until %s\n", quoteShort(key), cell(held.Owner), tableTime(held.ExpiresAt))
 		if lease, err = c.waitLock(ctx, st, locker, key, o.wait); err != nil {
 			return err
 		}
@@ -122,7 +123,7 @@ func (c *cli) runHolding(ctx context.Context, lease *lock.Lease, argv []string, 
 	setProcessGroup(cmd)
 	if err := cmd.Start(); err != nil {
 		c.release(ctx, lease)
-		if errors.Is(err, exec.ErrNotFound) {
+		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
 			return exitf(exitNoCommand, "lock run: %v", err)
 		}
 		return exitf(exitCannotExec, "lock run: %v", err)
@@ -156,7 +157,7 @@ func (c *cli) runHolding(ctx context.Context, lease *lock.Lease, argv []string, 
 				continue
 			}
 			lost = true
-			fmt.Fprintf(c.stderr, "warden: lock %q lost: it could no longer be proven held (force-released, taken over after expiring, or the store unreachable); stopping the command: SIGTERM now, SIGKILL after %v\n", key, grace)
+			fmt.Fprintf(c.stderr, "warden: lock %s lost: it could no longer be proven held (force-released, taken over after expiring, or the store unreachable); stopping the command: SIGTERM now, SIGKILL after %v\n", quoteShort(key), grace)
 			signalGroup(cmd.Process, termSignal)
 			killTimer = time.NewTimer(grace)
 			kill = killTimer.C
@@ -178,7 +179,7 @@ func (c *cli) afterCommand(ctx context.Context, lease *lock.Lease, cmd *exec.Cmd
 		return exitf(exitLeaseLost, "lock %q was lost before the command finished: it may have run partly without the lock", lease.Key())
 	}
 	if rerr != nil {
-		fmt.Fprintf(c.stderr, "warden: releasing lock %q: %s (it lapses at its expiry)\n", lease.Key(), strings.TrimPrefix(rerr.Error(), "warden: "))
+		fmt.Fprintf(c.stderr, "warden: releasing lock %s: %s (it lapses at its expiry)\n", quoteShort(lease.Key()), strings.TrimPrefix(rerr.Error(), "warden: "))
 	}
 	if cmd.ProcessState == nil {
 		return fmt.Errorf("lock run: %w", werr)

@@ -22,7 +22,9 @@
 //     with milliseconds or null, durations in milliseconds, bytes as a value
 //     and its encoding ("text" or "base64"). `lock watch -o json` prints one
 //     object per line. Errors are one line on stderr in both formats, with
-//     the store URL's password and secret query parameters hidden.
+//     the store URL's password and secret query parameters hidden (and the
+//     password of a URL inside it, such as DynamoDB's endpoint), and keys,
+//     patterns or names longer than 64 bytes cut to 64 bytes and a length.
 //   - --timeout (default 10s) bounds each command's store work: opening
 //     the store and the operation. It does not bound waiting for a lock,
 //     the command `lock run` runs, nor `lock watch`.
