@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 func TestHelp(t *testing.T) {
@@ -300,4 +301,17 @@ func quoteWords(words []string) string {
 		q[i] = "'" + strings.ReplaceAll(w, "'", `'\''`) + "'"
 	}
 	return strings.Join(q, " ")
+}
+
+func TestShortCutsOnCharacters(t *testing.T) {
+	s := strings.Repeat("é", 100) // 2 bytes each: byte 64 starts a character, 63 does not
+	for _, in := range []string{s, "x" + s} {
+		got := short(in)
+		if !utf8.ValidString(got) || !strings.HasSuffix(got, "…("+itoa(len(in))+" bytes)") || len(got) > maxShown+20 {
+			t.Fatalf("short(%d bytes) = %q", len(in), got)
+		}
+	}
+	if short("abc") != "abc" || quoteShort("abc") != `"abc"` {
+		t.Fatal("short strings must be shown whole")
+	}
 }
