@@ -838,7 +838,9 @@ func (s *suite) breakerOldOpenCircuit(t *testing.T) {
 	rec, err := st.Circuits().RecordFailure(ctx, "old", 1)
 	fatalIf(t, "RecordFailure", err)
 	storeClock(t, st.Circuits(), rec.OpenedAt.Add(openFor))
-	b, err := breaker.New(s.openPrefix(t, prefix), "old", &breaker.Options{OpenFor: openFor, SyncInterval: time.Hour})
+	// StoreTimeout: the probe's admission is checked, not the budget; a
+	// slow store on a busy machine must not make the read an outage.
+	b, err := breaker.New(s.openPrefix(t, prefix), "old", &breaker.Options{OpenFor: openFor, SyncInterval: time.Hour, StoreTimeout: 10 * time.Second})
 	fatalIf(t, "breaker.New", err)
 	defer b.Close()
 	ran := false
@@ -860,7 +862,7 @@ func (s *suite) breakerLateSuccess(t *testing.T) {
 	// This Breaker polls with an hour's SyncInterval: its view stays what
 	// its own calls saw.
 	bst, _ := hang(t, s.openPrefix(t, prefix))
-	a, err := breaker.New(bst, "late", &breaker.Options{Threshold: 2, OpenFor: openFor, SyncInterval: time.Hour})
+	a, err := breaker.New(bst, "late", &breaker.Options{Threshold: 2, OpenFor: openFor, SyncInterval: time.Hour, StoreTimeout: 10 * time.Second})
 	fatalIf(t, "breaker.New", err)
 	defer a.Close()
 	if err := a.Do(ctx, func(context.Context) error { return errInjected }); !errors.Is(err, errInjected) {
