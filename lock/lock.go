@@ -354,6 +354,21 @@ func (l *Locker) state(key string) *keyState {
 	return ks
 }
 
+// holder returns the lease of this Locker that holds key, or nil; l.mu
+// must be held. A lease already lost — its context done with ErrLeaseLost
+// (at its deadline, by the clock) — but not yet detached by its loss
+// handling is detached here and recorded as a stale holding, so that the
+// Locker can take the key again at once and still never reuse its token.
+func (l *Locker) holder(key string, ks *keyState) *Lease {
+	s := ks.held
+	if s == nil || s.ctx.Err() == nil || context.Cause(s.ctx) != ErrLeaseLost {
+		return s
+	}
+	l.addStale(key, s.token)
+	ks.held = nil
+	return nil
+}
+
 // gc drops key's state if nothing refers to it; l.mu must be held.
 func (l *Locker) gc(key string, ks *keyState) {
 	if ks.held == nil && len(ks.queue) == 0 && !ks.busy && l.keys[key] == ks {
@@ -474,7 +489,7 @@ func (l *Locker) Acquire(ctx context.Context, key string) (*Lease, error) {
 		// Wait for this waiter's turn: first in line, key not held by
 		// this Locker, no other attempt in flight.
 		l.mu.Lock()
-		for ks.queue[0] != w || ks.held != nil || ks.busy {
+		for ks.queue[0] != w || l.holder(key, ks) != nil || ks.busy {
 			l.mu.Unlock()
 			select {
 			case <-w.wake:
@@ -583,7 +598,7 @@ func (l *Locker) TryAcquire(ctx context.Context, key string) (*Lease, error) {
 		if l.closed {
 			return ErrClosed
 		}
-		if s := ks.held; s != nil {
+		if s := l.holder(key, ks); s != nil {
 			return &HeldError{Key: key, Owner: l.owner, Token: s.token, ExpiresAt: s.ExpiresAt()}
 		}
 		return nil
