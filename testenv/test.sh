@@ -30,10 +30,14 @@ run_module() {
   return $rc
 }
 
-# The slowest suites — the servers' own pace (FerretDB, dynalite), not this
-# machine's cores, sets their length — run beside the others, their output
-# shown as a whole when they end; the rest run one after another.
-slow="./store/mongo ./store/dynamo"
+# With WARDEN_TEST_PARALLEL=1 the slowest suites — paced by their servers
+# (FerretDB, dynalite) more than by this machine's cores — run beside the
+# others, their output shown whole when they end: about 8½ minutes instead
+# of 13–15 on a 2-core machine. It is off by default (and in CI): the load
+# of three suites at once on two cores has made FerretDB's event delivery
+# and budget-bound breaker checks miss their bounds.
+slow=""
+[ "${WARDEN_TEST_PARALLEL:-}" = 1 ] && slow="./store/mongo ./store/dynamo"
 pids=()
 for m in $modules; do
   case " $slow " in *" $m "*)
