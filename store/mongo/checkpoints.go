@@ -96,7 +96,7 @@ func (c checkpoints) task(task string) bson.D {
 // task has none, and refused=true reports a fence above token.
 func (c checkpoints) fence(ctx context.Context, taskID string, token int64, update func(t time.Time) bson.D) (fenceDoc, bool, error) {
 	s := c.s
-	for range retryLimit {
+	for range c.s.tries {
 		t := now()
 		f := c.fenceKey(taskID)
 		if token > 0 {
@@ -123,7 +123,7 @@ func (c checkpoints) fence(ctx context.Context, taskID string, token int64, upda
 			return fenceDoc{}, false, err
 		}
 	}
-	return fenceDoc{}, false, errBusy
+	return fenceDoc{}, false, c.s.busy("fencing checkpoint task", taskID)
 }
 
 // initFence creates the task's fence document from its checkpoints.
@@ -149,7 +149,7 @@ func (c checkpoints) initFence(ctx context.Context, taskID string, t time.Time) 
 // Save implements driver.Checkpoints.
 func (c checkpoints) Save(ctx context.Context, in driver.CheckpointInput) (driver.Checkpoint, bool, error) {
 	s := c.s
-	for range retryLimit {
+	for range c.s.tries {
 		f, ok, err := c.fence(ctx, in.TaskID, in.Token, func(t time.Time) bson.D {
 			u := bson.D{{Key: "$inc", Value: set("lastSequence", int64(1))}, {Key: "$set", Value: set("updatedAt", t)}}
 			if in.Token > 0 {
@@ -178,7 +178,7 @@ func (c checkpoints) Save(ctx context.Context, in driver.CheckpointInput) (drive
 		}
 		return c.cp(&d), true, nil
 	}
-	return driver.Checkpoint{}, false, errBusy
+	return driver.Checkpoint{}, false, c.s.busy("saving checkpoint of task", in.TaskID)
 }
 
 // Fence implements driver.Checkpoints: one findOneAndUpdate filtered on
@@ -240,7 +240,7 @@ func (c checkpoints) Load(ctx context.Context, id string) (driver.Checkpoint, bo
 // write), the highest one above deletedThrough, and so on.
 func (c checkpoints) Latest(ctx context.Context, taskID string) (driver.Checkpoint, bool, error) {
 	var above int64
-	for range retryLimit {
+	for range c.s.tries {
 		f := append(c.task(taskID), bson.E{Key: "sequence", Value: set("$gt", above)})
 		cp, found, err := c.one(ctx, f, options.FindOne().SetSort(set("sequence", -1)))
 		if err != nil || !found {
@@ -255,7 +255,7 @@ func (c checkpoints) Latest(ctx context.Context, taskID string) (driver.Checkpoi
 		}
 		above = fl
 	}
-	return driver.Checkpoint{}, false, errBusy
+	return driver.Checkpoint{}, false, c.s.busy("reading the latest checkpoint of task", taskID)
 }
 
 // List implements driver.Checkpoints: the checkpoints, then the task's
@@ -292,7 +292,7 @@ func (c checkpoints) DeleteAll(ctx context.Context, taskID string, token int64) 
 
 func (c checkpoints) deleteThrough(ctx context.Context, taskID string, keep int, token int64) (int64, bool, error) {
 	s := c.s
-	for range retryLimit {
+	for range c.s.tries {
 		var fd fenceDoc
 		err := s.fences.FindOne(ctx, c.fenceKey(taskID)).Decode(&fd)
 		if errors.Is(err, mongo.ErrNoDocuments) {
@@ -350,7 +350,7 @@ func (c checkpoints) deleteThrough(ctx context.Context, taskID string, keep int,
 		}
 		return res.DeletedCount, true, nil
 	}
-	return 0, false, errBusy
+	return 0, false, c.s.busy("deleting checkpoints of task", taskID)
 }
 
 // Tasks implements driver.Checkpoints: the task ids and sequences of the
