@@ -574,14 +574,12 @@ func (r *renewal) run(ctx context.Context, idem *warden.Idempotency, log *slog.L
 		case <-t.C:
 		}
 		at := time.Now()
-		wait := claim.When().Sub(at)
-		if wait <= 0 || claim.Expire(at) {
-			if lastErr != nil {
-				lost("the claim could not be renewed before its deadline: %w", lastErr)
-			}
-			claim.Expire(at)
+		// Past the deadline the claim ends, with the cause SetCause gave
+		// it (naming the last renewal error, if any).
+		if claim.Expire(at) {
 			return
 		}
+		wait := claim.When().Sub(at)
 		// No answer after the deadline can help: bound the call by it.
 		rctx, rcancel := context.WithTimeout(ctx, wait)
 		ok, err := idem.Extend(rctx, key, s.owner, s.lease)
