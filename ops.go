@@ -242,6 +242,61 @@ func (c *Circuits) TryProbe(ctx context.Context, name, owner string, openFor, le
 	return rec, granted, err
 }
 
+// RecordOutcome records an outcome with its counts in one atomic step;
+// see driver.Circuits and driver.Outcome.
+func (c *Circuits) RecordOutcome(ctx context.Context, name string, o driver.Outcome) (rec driver.CircuitRecord, err error) {
+	var aerr error
+	switch {
+	case o.Kind != driver.OutcomeNone && o.Kind != driver.OutcomeSuccess && o.Kind != driver.OutcomeFailure:
+		aerr = fmt.Errorf("%w: outcome kind %d", ErrInvalidArgument, o.Kind)
+	case o.Gen < driver.AnyGeneration:
+		aerr = fmt.Errorf("%w: circuit generation %d", ErrInvalidArgument, o.Gen)
+	case o.Successes < 0:
+		aerr = fmt.Errorf("%w: negative successes %d", ErrInvalidArgument, o.Successes)
+	case o.Threshold < 0:
+		aerr = fmt.Errorf("%w: negative threshold %d", ErrInvalidArgument, o.Threshold)
+	case o.CloseAfter < 0:
+		aerr = fmt.Errorf("%w: negative CloseAfter %d", ErrInvalidArgument, o.CloseAfter)
+	}
+	var ierr error
+	o.Interval, ierr = optional("counting interval", o.Interval)
+	err = c.s.check(ctx, "circuit.record-outcome", name, firstErr(ValidateKey(name), aerr, ierr), func() (err error) {
+		rec, err = c.d.RecordOutcome(ctx, name, o)
+		return err
+	})
+	return rec, err
+}
+
+// Trip opens a closed circuit if its version is still version; see
+// driver.Circuits.
+func (c *Circuits) Trip(ctx context.Context, name string, version int64) (rec driver.CircuitRecord, tripped bool, err error) {
+	var verr error
+	if version < 0 {
+		verr = fmt.Errorf("%w: negative circuit version %d", ErrInvalidArgument, version)
+	}
+	err = c.s.check(ctx, "circuit.trip", name, firstErr(ValidateKey(name), verr), func() (err error) {
+		rec, tripped, err = c.d.Trip(ctx, name, version)
+		return err
+	})
+	return rec, tripped, err
+}
+
+// TryProbes asks for one of maxProbes concurrent half-open probe slots;
+// see driver.Circuits.
+func (c *Circuits) TryProbes(ctx context.Context, name, owner string, openFor, lease time.Duration, maxProbes int) (rec driver.CircuitRecord, granted bool, err error) {
+	openFor, oerr := optional("open duration", openFor)
+	lease, lerr := positive("probe lease", lease)
+	var merr error
+	if maxProbes < 1 {
+		merr = fmt.Errorf("%w: maxProbes %d is under 1", ErrInvalidArgument, maxProbes)
+	}
+	err = c.s.check(ctx, "circuit.try-probe", name, firstErr(ValidateKey(name), ownerErr(owner), oerr, lerr, merr), func() (err error) {
+		rec, granted, err = c.d.TryProbes(ctx, name, owner, openFor, lease, maxProbes)
+		return err
+	})
+	return rec, granted, err
+}
+
 // Get returns the circuit's record; found=false if it was never written.
 func (c *Circuits) Get(ctx context.Context, name string) (rec driver.CircuitRecord, found bool, err error) {
 	err = c.s.check(ctx, "circuit.get", name, ValidateKey(name), func() (err error) {

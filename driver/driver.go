@@ -211,11 +211,124 @@ type CircuitRecord struct {
 	LastFailure time.Time // zero if never
 	LastSuccess time.Time // zero if never
 	OpenedAt    time.Time // when it last opened; zero if never
-	ProbeOwner  string    // holder of the half-open probe slot
-	ProbeUntil  time.Time // when the probe slot lapses
+	ProbeOwner  string    // holder of the newest half-open probe slot
+	ProbeUntil  time.Time // when the probe slots lapse (the newest grant's lease)
 	Version     int64     // increases on every change
 	UpdatedAt   time.Time
+
+	// The counts of the current counting period (see Counts): closed, since
+	// IntervalStart; half-open, since the circuit turned half-open. Opening
+	// and closing the circuit reset them. Records written before these
+	// fields existed, or by writers that do not keep them, read 0.
+	Successes            int64     // successes counted in the period
+	TotalFailures        int64     // failures counted in the period
+	ConsecutiveSuccesses int64     // successes since the last failure, in the period
+	IntervalStart        time.Time // when the closed state's period began; zero if unknown
+	// Probes is the number of half-open probe slots granted and not yet
+	// ended by an outcome. All of them lapse at ProbeUntil: a live count
+	// is Probes while ProbeUntil is in the future, 0 afterwards.
+	Probes int64
 }
+
+// Counts are a circuit's counts in its current counting period, in the
+// shape of sony/gobreaker's Counts (same field names, types and order, so
+// a gobreaker.Counts conversion compiles). Requests is the number of
+// outcomes counted (successes plus failures); unlike gobreaker it does not
+// include calls still running. ConsecutiveFailures is the record's
+// Failures. Values above the uint32 range read as math.MaxUint32.
+type Counts struct {
+	Requests             uint32
+	TotalSuccesses       uint32
+	TotalFailures        uint32
+	ConsecutiveSuccesses uint32
+	ConsecutiveFailures  uint32
+}
+
+// Counts returns the record's counts.
+func (r CircuitRecord) Counts() Counts {
+	return Counts{
+		Requests:             clampU32(r.Successes + r.TotalFailures),
+		TotalSuccesses:       clampU32(r.Successes),
+		TotalFailures:        clampU32(r.TotalFailures),
+		ConsecutiveSuccesses: clampU32(r.ConsecutiveSuccesses),
+		ConsecutiveFailures:  clampU32(r.Failures),
+	}
+}
+
+func clampU32(n int64) uint32 {
+	switch {
+	case n <= 0:
+		return 0
+	case n > 1<<32-1:
+		return 1<<32 - 1
+	}
+	return uint32(n)
+}
+
+// LiveProbes returns the number of probe slots still held at now (a time
+// of the store's clock): Probes while ProbeUntil is after now, else 0.
+func (r CircuitRecord) LiveProbes(now time.Time) int64 {
+	if r.State != HalfOpen || !r.ProbeUntil.After(now) || r.Probes < 0 {
+		return 0
+	}
+	return r.Probes
+}
+
+// OutcomeKind says what an Outcome records.
+type OutcomeKind int
+
+// The outcome kinds.
+const (
+	// OutcomeNone records no call: only the Outcome's Successes are
+	// counted (a closed circuit's successes written in a batch).
+	OutcomeNone OutcomeKind = iota
+	// OutcomeSuccess records one successful call.
+	OutcomeSuccess
+	// OutcomeFailure records one failed call.
+	OutcomeFailure
+)
+
+// Outcome is what Circuits.RecordOutcome records in one atomic step. Its
+// zero value records nothing (OutcomeNone, no successes) for generation 0.
+type Outcome struct {
+	// Kind is the call's outcome.
+	Kind OutcomeKind
+	// Gen is the generation (CircuitRecord.Generation) the call was
+	// admitted in, or AnyGeneration. An outcome of another generation
+	// changes nothing, its Successes included.
+	Gen int64
+	// Successes is a number of successes of calls made while the circuit
+	// was closed and not written one by one (the steady closed success path
+	// is write-free). They are counted before the call, only if the circuit
+	// is closed, and only in Successes (and so Requests): they are older
+	// than this write, so they change neither consecutive count. ≥ 0.
+	Successes int64
+	// Threshold is the number of consecutive failures at which a failure
+	// opens a closed circuit. 0: the count never opens it (the caller
+	// decides on the counts returned and opens it with Trip). ≥ 0.
+	Threshold int
+	// CloseAfter is the number of successes in a row that close a
+	// half-open circuit (ConsecutiveSuccesses counted since it turned
+	// half-open). 0 or 1: the first.
+	CloseAfter int
+	// Interval, in the closed state, is the length of a counting period:
+	// before the outcome counts, a circuit whose IntervalStart+Interval is
+	// not after now (the store's clock) has its counts (Successes,
+	// TotalFailures, ConsecutiveSuccesses and Failures) reset and
+	// IntervalStart set to now; a zero IntervalStart is set to now without
+	// a reset. 0: no periods (counts reset only when the state changes).
+	Interval time.Duration
+}
+
+// Failure returns the Outcome of one failure of generation gen opening the
+// circuit at threshold consecutive failures: what RecordFailure records.
+func Failure(gen int64, threshold int) Outcome {
+	return Outcome{Kind: OutcomeFailure, Gen: gen, Threshold: threshold}
+}
+
+// Success returns the Outcome of one success of generation gen that closes
+// a half-open circuit: what RecordSuccess records.
+func Success(gen int64) Outcome { return Outcome{Kind: OutcomeSuccess, Gen: gen} }
 
 // Generation returns the circuit's generation: OpenedAt in Unix
 // milliseconds, 0 if it never opened. It changes every time the circuit
@@ -258,6 +371,38 @@ type Circuits interface {
 	// is as for RecordFailure: a success of another generation changes
 	// nothing.
 	RecordSuccess(ctx context.Context, name string, gen int64) (CircuitRecord, error)
+	// RecordOutcome records o in one atomic step and returns the new
+	// record (or, for an outcome of another generation, the current one,
+	// unchanged). RecordFailure is RecordOutcome(Failure(gen, threshold))
+	// and RecordSuccess is RecordOutcome(Success(gen)). In order:
+	//
+	//   - o.Gen is not the circuit's generation (and not AnyGeneration):
+	//     nothing changes.
+	//   - closed, o.Interval > 0: the counting period is renewed if over
+	//     (see Outcome.Interval); then o.Successes add to Successes.
+	//   - failure: Failures+1 and LastFailure = now in every state. Closed:
+	//     TotalFailures+1, ConsecutiveSuccesses = 0, and the circuit opens
+	//     if o.Threshold > 0 and Failures ≥ o.Threshold. Half-open: it
+	//     opens. Open: it stays open.
+	//   - success: LastSuccess = now in every state. Closed: Failures = 0,
+	//     Successes+1, ConsecutiveSuccesses+1. Half-open: Successes+1,
+	//     ConsecutiveSuccesses+1, one live probe slot ends (Probes−1, not
+	//     below 0), and the circuit closes once ConsecutiveSuccesses ≥
+	//     max(o.CloseAfter, 1). Open: it stays open.
+	//
+	// Opening sets OpenedAt to now and clears the probe slots; opening and
+	// turning half-open reset the counts (Successes, TotalFailures,
+	// ConsecutiveSuccesses; Failures is kept); closing resets them,
+	// Failures included, and sets IntervalStart to now. Concurrent calls
+	// never lose an increment.
+	RecordOutcome(ctx context.Context, name string, o Outcome) (CircuitRecord, error)
+	// Trip opens a closed circuit whose Version is still version, in one
+	// atomic step, as a failure at the threshold would: the caller decided
+	// on the counts of that version (a Go function cannot run in the
+	// store) and nothing has changed since. tripped=false, with the
+	// current record, if the circuit is not closed or its version moved
+	// on (decide again on that record's counts).
+	Trip(ctx context.Context, name string, version int64) (rec CircuitRecord, tripped bool, err error)
 	// TryProbe grants the half-open probe slot to exactly one caller across
 	// the fleet. Open with OpenedAt+openFor passed → half-open, slot to
 	// owner until now+lease, granted. Half-open with the slot lapsed or held
@@ -265,10 +410,23 @@ type Circuits interface {
 	// tells why (closed: just call; open: not yet; half-open: someone else
 	// probes).
 	TryProbe(ctx context.Context, name, owner string, openFor, lease time.Duration) (rec CircuitRecord, granted bool, err error)
+	// TryProbes grants one of maxProbes concurrent half-open probe slots
+	// across the fleet (TryProbe is TryProbes with maxProbes 1). Open with
+	// OpenedAt+openFor passed → half-open, counts reset, Probes = 1, granted.
+	// Half-open: owner holds the newest slot (ProbeOwner, ProbeUntil after
+	// now) → granted again, Probes unchanged; else, with the live count
+	// (LiveProbes) below maxProbes → Probes = live count + 1, granted.
+	// Every grant sets ProbeOwner = owner and ProbeUntil = now+lease, so
+	// the slots lapse together, lease after the newest grant: a dead
+	// prober's slot is free again once no slot was granted for a lease.
+	// Otherwise not granted; the record tells why (closed: just call;
+	// open: not yet; half-open: maxProbes probes run). maxProbes ≥ 1.
+	TryProbes(ctx context.Context, name, owner string, openFor, lease time.Duration, maxProbes int) (rec CircuitRecord, granted bool, err error)
 	// Get returns the circuit's record; found=false if absent.
 	Get(ctx context.Context, name string) (rec CircuitRecord, found bool, err error)
 	// Set forces a state (operators). Closed resets the failure count;
-	// open sets OpenedAt to now; every state clears the probe slot.
+	// open sets OpenedAt to now; every state clears the probe slots and
+	// resets the counts (closed also sets IntervalStart to now).
 	Set(ctx context.Context, name string, state CircuitState) (CircuitRecord, error)
 	// Delete removes the circuit's record (it reads as closed afterwards).
 	Delete(ctx context.Context, name string) (ok bool, err error)

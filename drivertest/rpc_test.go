@@ -306,6 +306,18 @@ func (c rpcCircuits) TryProbe(ctx context.Context, name, owner string, openFor, 
 	err = c.s.do(ctx, "Circuits.TryProbe", name, owner, openFor, lease)(&r, &ok)
 	return
 }
+func (c rpcCircuits) RecordOutcome(ctx context.Context, name string, o driver.Outcome) (r driver.CircuitRecord, err error) {
+	err = c.s.do(ctx, "Circuits.RecordOutcome", name, o)(&r)
+	return r, err
+}
+func (c rpcCircuits) Trip(ctx context.Context, name string, version int64) (r driver.CircuitRecord, ok bool, err error) {
+	err = c.s.do(ctx, "Circuits.Trip", name, version)(&r, &ok)
+	return
+}
+func (c rpcCircuits) TryProbes(ctx context.Context, name, owner string, openFor, lease time.Duration, maxProbes int) (r driver.CircuitRecord, ok bool, err error) {
+	err = c.s.do(ctx, "Circuits.TryProbes", name, owner, openFor, lease, maxProbes)(&r, &ok)
+	return
+}
 func (c rpcCircuits) Get(ctx context.Context, name string) (r driver.CircuitRecord, ok bool, err error) {
 	err = c.s.do(ctx, "Circuits.Get", name)(&r, &ok)
 	return

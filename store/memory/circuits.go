@@ -40,7 +40,23 @@ func (c *circuits) save(sp *space, r driver.CircuitRecord, now time.Time) driver
 func openCircuit(r *driver.CircuitRecord, now time.Time) {
 	r.State = driver.Open
 	r.OpenedAt = now
-	r.ProbeOwner, r.ProbeUntil = "", time.Time{}
+	r.ProbeOwner, r.ProbeUntil, r.Probes = "", time.Time{}, 0
+	resetCounts(r)
+}
+
+// resetCounts starts a new counting period; Failures is kept.
+func resetCounts(r *driver.CircuitRecord) {
+	r.Successes, r.TotalFailures, r.ConsecutiveSuccesses = 0, 0, 0
+}
+
+// closeCircuit closes r: counts (Failures included) reset, a new period
+// starts, the probe slots are cleared.
+func closeCircuit(r *driver.CircuitRecord, now time.Time) {
+	r.State = driver.Closed
+	r.Failures = 0
+	resetCounts(r)
+	r.IntervalStart = now
+	r.ProbeOwner, r.ProbeUntil, r.Probes = "", time.Time{}, 0
 }
 
 // otherGen reports whether an outcome of generation gen belongs to
@@ -52,33 +68,18 @@ func otherGen(r driver.CircuitRecord, gen int64) bool {
 // RecordFailure adds one failure, opening the circuit at threshold or from
 // half-open; a failure of another generation changes nothing.
 func (c *circuits) RecordFailure(ctx context.Context, name string, threshold int, gen int64) (driver.CircuitRecord, error) {
-	s := c.s()
-	sp, now, err := s.begin(ctx)
-	if err != nil {
-		return driver.CircuitRecord{}, err
-	}
-	defer s.end()
-	r := load(sp, name)
-	if otherGen(r, gen) {
-		return r, nil
-	}
-	r.Failures++
-	r.LastFailure = now
-	switch r.State {
-	case driver.Closed:
-		if r.Failures >= int64(threshold) {
-			openCircuit(&r, now)
-		}
-	case driver.HalfOpen:
-		openCircuit(&r, now)
-	}
-	return c.save(sp, r, now), nil
+	return c.RecordOutcome(ctx, name, driver.Failure(gen, threshold))
 }
 
 // RecordSuccess records a success: closed resets the failures, half-open
 // closes, open stays open; a success of another generation changes
 // nothing.
 func (c *circuits) RecordSuccess(ctx context.Context, name string, gen int64) (driver.CircuitRecord, error) {
+	return c.RecordOutcome(ctx, name, driver.Success(gen))
+}
+
+// RecordOutcome records o under the store's lock; see driver.Circuits.
+func (c *circuits) RecordOutcome(ctx context.Context, name string, o driver.Outcome) (driver.CircuitRecord, error) {
 	s := c.s()
 	sp, now, err := s.begin(ctx)
 	if err != nil {
@@ -86,23 +87,82 @@ func (c *circuits) RecordSuccess(ctx context.Context, name string, gen int64) (d
 	}
 	defer s.end()
 	r := load(sp, name)
-	if otherGen(r, gen) {
+	if otherGen(r, o.Gen) {
 		return r, nil
 	}
-	r.LastSuccess = now
-	switch r.State {
-	case driver.Closed:
-		r.Failures = 0
-	case driver.HalfOpen:
-		r.State = driver.Closed
-		r.Failures = 0
-		r.ProbeOwner, r.ProbeUntil = "", time.Time{}
+	if r.State == driver.Closed {
+		if o.Interval > 0 {
+			switch {
+			case r.IntervalStart.IsZero():
+				r.IntervalStart = now
+			case !after(r.IntervalStart, o.Interval).After(now):
+				resetCounts(&r)
+				r.Failures = 0
+				r.IntervalStart = now
+			}
+		}
+		r.Successes += max(o.Successes, 0)
+	}
+	switch o.Kind {
+	case driver.OutcomeFailure:
+		r.Failures++
+		r.LastFailure = now
+		switch r.State {
+		case driver.Closed:
+			r.TotalFailures++
+			r.ConsecutiveSuccesses = 0
+			if o.Threshold > 0 && r.Failures >= int64(o.Threshold) {
+				openCircuit(&r, now)
+			}
+		case driver.HalfOpen:
+			openCircuit(&r, now)
+		}
+	case driver.OutcomeSuccess:
+		r.LastSuccess = now
+		switch r.State {
+		case driver.Closed:
+			r.Failures = 0
+			r.Successes++
+			r.ConsecutiveSuccesses++
+		case driver.HalfOpen:
+			r.Successes++
+			r.ConsecutiveSuccesses++
+			if live := r.LiveProbes(now); live > 0 {
+				r.Probes = live - 1
+			} else {
+				r.Probes = 0
+			}
+			if r.ConsecutiveSuccesses >= int64(max(o.CloseAfter, 1)) {
+				closeCircuit(&r, now)
+			}
+		}
 	}
 	return c.save(sp, r, now), nil
 }
 
+// Trip opens a closed circuit still at version.
+func (c *circuits) Trip(ctx context.Context, name string, version int64) (driver.CircuitRecord, bool, error) {
+	s := c.s()
+	sp, now, err := s.begin(ctx)
+	if err != nil {
+		return driver.CircuitRecord{}, false, err
+	}
+	defer s.end()
+	r := load(sp, name)
+	if r.State != driver.Closed || r.Version != version || sp.circuits[name] == nil {
+		return r, false, nil
+	}
+	openCircuit(&r, now)
+	return c.save(sp, r, now), true, nil
+}
+
 // TryProbe grants the half-open probe slot to one caller.
 func (c *circuits) TryProbe(ctx context.Context, name, owner string, openFor, lease time.Duration) (driver.CircuitRecord, bool, error) {
+	return c.TryProbes(ctx, name, owner, openFor, lease, 1)
+}
+
+// TryProbes grants one of maxProbes probe slots.
+func (c *circuits) TryProbes(ctx context.Context, name, owner string, openFor, lease time.Duration, maxProbes int) (driver.CircuitRecord, bool, error) {
 	s := c.s()
 	sp, now, err := s.begin(ctx)
 	if err != nil {
@@ -116,8 +176,16 @@ func (c *circuits) TryProbe(ctx context.Context, name, owner string, openFor, le
 			return r, false, nil
 		}
 		r.State = driver.HalfOpen
+		resetCounts(&r)
+		r.Probes = 1
 	case driver.HalfOpen:
-		if r.ProbeOwner != owner && r.ProbeUntil.After(now) {
+		live := r.LiveProbes(now)
+		switch {
+		case r.ProbeOwner == owner && r.ProbeUntil.After(now):
+			r.Probes = max(live, 1)
+		case live < int64(maxProbes):
+			r.Probes = live + 1
+		default:
 			return r, false, nil
 		}
 	default:
@@ -151,10 +219,12 @@ func (c *circuits) Set(ctx context.Context, name string, state driver.CircuitSta
 	defer s.end()
 	r := load(sp, name)
 	r.State = state
-	r.ProbeOwner, r.ProbeUntil = "", time.Time{}
+	r.ProbeOwner, r.ProbeUntil, r.Probes = "", time.Time{}, 0
+	resetCounts(&r)
 	switch state {
 	case driver.Closed:
 		r.Failures = 0
+		r.IntervalStart = now
 	case driver.Open:
 		r.OpenedAt = now
 	}

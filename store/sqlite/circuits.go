@@ -209,3 +209,22 @@ func (c circuits) List(ctx context.Context, pattern driver.Pattern) ([]driver.Ci
 	}
 	return out, ctxErr(ctx, rows.Err())
 }
+
+// errNoCounts is returned by the gobreaker-parity operations until this
+// store implements them.
+var errNoCounts = errors.New("sqlite: circuit counts, trips and concurrent probes are not implemented yet: " + errors.ErrUnsupported.Error())
+
+// RecordOutcome implements driver.Circuits.
+func (c circuits) RecordOutcome(ctx context.Context, name string, o driver.Outcome) (driver.CircuitRecord, error) {
+	return driver.CircuitRecord{}, errNoCounts
+}
+
+// Trip implements driver.Circuits.
+func (c circuits) Trip(ctx context.Context, name string, version int64) (driver.CircuitRecord, bool, error) {
+	return driver.CircuitRecord{}, false, errNoCounts
+}
+
+// TryProbes implements driver.Circuits.
+func (c circuits) TryProbes(ctx context.Context, name, owner string, openFor, lease time.Duration, maxProbes int) (driver.CircuitRecord, bool, error) {
+	return driver.CircuitRecord{}, false, errNoCounts
+}
