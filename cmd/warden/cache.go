@@ -2,10 +2,11 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"time"
+
+	"github.com/spf13/pflag"
 
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
@@ -41,7 +42,7 @@ VALUE "-" reads the value from stdin. A value starting with '-' goes after
 codec reads them if they are JSON (write '"text"' for a string).`,
 			example: `warden cache set user:42 '{"name":"Ada"}' --ttl 10m
 echo '"hello"' | warden cache set greeting -`,
-			setup: func(fs *flag.FlagSet) runFunc {
+			setup: func(fs *pflag.FlagSet) runFunc {
 				ttl := fs.Duration("ttl", 0, "expire the entry after this long (0: never)")
 				return func(ctx context.Context, c *cli, args []string) error {
 					return cacheSet(ctx, c, args[0], args[1], *ttl)

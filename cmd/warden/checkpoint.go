@@ -2,9 +2,10 @@ package main
 
 import (
 	"context"
-	"flag"
 	"strconv"
 	"time"
+
+	"github.com/spf13/pflag"
 
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
@@ -50,12 +51,10 @@ Deletes the checkpoints of TASK except the newest N (--keep is required;
 --keep 0 deletes them all, like 'warden checkpoint rm'). Prints how many
 were deleted.`,
 			example: `warden checkpoint prune import-2024 --keep 3`,
-			setup: func(fs *flag.FlagSet) runFunc {
+			setup: func(fs *pflag.FlagSet) runFunc {
 				keep := fs.Int("keep", 0, "required: how many of the newest checkpoints to keep")
 				return func(ctx context.Context, c *cli, args []string) error {
-					set := false
-					fs.Visit(func(f *flag.Flag) { set = set || f.Name == "keep" })
-					return checkpointPrune(ctx, c, args[0], *keep, set)
+					return checkpointPrune(ctx, c, args[0], *keep, fs.Changed("keep"))
 				}
 			},
 		},

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -53,6 +52,9 @@ type cli struct {
 	// args are the command's positional arguments (keys, patterns,
 	// names), which messages show cut to a readable length.
 	args []string
+	// ran is set when a command's own function ran: an error is then the
+	// command's, not cobra's about the command line.
+	ran bool
 }
 
 // run is warden's entry point: it runs the command in args and returns the
@@ -64,11 +66,17 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	defer signal.Stop(sigs)
 
 	c := &cli{stdin: stdin, stdout: stdout, stderr: stderr, env: env, sigs: sigs}
-	c.g = globals{store: c.getenv("WARDEN_STORE"), output: "table", timeout: defaultTimeout}
-	if c.g.store == "" {
-		c.g.store = defaultStore
+	c.g = globals{output: "table", timeout: defaultTimeout}
+	root := c.newRoot(ctx)
+	root.SetArgs(args)
+	err := root.ExecuteContext(ctx)
+	if err != nil && !c.ran {
+		// cobra's own errors are about the command line.
+		var ue *usageError
+		if !errors.As(err, &ue) {
+			err = &usageError{msg: err.Error()}
+		}
 	}
-	err := c.dispatch(ctx, args)
 	if err == nil {
 		return exitOK
 	}
@@ -87,120 +95,6 @@ func (c *cli) getenv(name string) string {
 		}
 	}
 	return ""
-}
-
-// dispatch finds the command named by args and runs it.
-func (c *cli) dispatch(ctx context.Context, args []string) error {
-	fs := c.flagSet("warden")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return c.printHelp(nil)
-		}
-		return usagef(nil, "%s", flagErrText(err))
-	}
-	if err := c.checkGlobals(nil); err != nil {
-		return err
-	}
-	rest := fs.Args()
-	if len(rest) == 0 {
-		c.printMainHelp(c.stderr)
-		return &exitError{code: exitUsage}
-	}
-	switch rest[0] {
-	case "help":
-		return c.help(rest[1:])
-	case "completion":
-		return c.completion(rest[1:])
-	}
-	cmd, tail, err := lookup(rest)
-	var hr *helpRequest
-	if errors.As(err, &hr) {
-		c.printGroupHelp(hr.path)
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	return c.runCommand(ctx, cmd, tail)
-}
-
-// lookup finds the command named by the first words of args and returns
-// it with the remaining arguments. A group name followed by a help flag
-// returns a *helpRequest; a group name alone is a usage error.
-func lookup(args []string) (*command, []string, error) {
-	if cmd := findCommand(args[0]); cmd != nil {
-		return cmd, args[1:], nil
-	}
-	if !isGroup(args[0]) {
-		return nil, nil, usagef(nil, "unknown command %q (see 'warden --help')", args[0])
-	}
-	group := args[0]
-	if len(args) == 1 {
-		return nil, nil, usagef(nil, "%s: missing subcommand: %s (see 'warden %s --help')", group, strings.Join(subcommands(group), ", "), group)
-	}
-	if isHelpFlag(args[1]) {
-		return nil, nil, &helpRequest{path: group}
-	}
-	cmd := findCommand(group + " " + args[1])
-	if cmd == nil {
-		return nil, nil, usagef(nil, "%s: unknown subcommand %q: %s (see 'warden %s --help')", group, args[1], strings.Join(subcommands(group), ", "), group)
-	}
-	return cmd, args[2:], nil
-}
-
-func isHelpFlag(s string) bool { return s == "-h" || s == "-help" || s == "--help" }
-
-// runCommand parses a command's flags and arguments and runs it.
-func (c *cli) runCommand(ctx context.Context, cmd *command, args []string) error {
-	fs := c.flagSet(cmd.path)
-	var exec runFunc
-	if cmd.setup != nil {
-		exec = cmd.setup(fs)
-	}
-	pos, err := parseArgs(fs, args, cmd.tail)
-	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return c.printHelp(cmd)
-		}
-		return usagef(cmd, "%s", flagErrText(err))
-	}
-	c.args = pos
-	if err := c.checkGlobals(cmd); err != nil {
-		return err
-	}
-	if len(pos) < cmd.minArgs() {
-		return usagef(cmd, "missing %s", cmd.argNames(len(pos)))
-	}
-	if cmd.maxArgs >= 0 && len(pos) > cmd.maxArgs {
-		return usagef(cmd, "unexpected argument %q", pos[cmd.maxArgs])
-	}
-	return exec(ctx, c, pos)
-}
-
-// flagSet returns a flag set with the global flags registered, bound to
-// c.g so that they may come before or after the command.
-func (c *cli) flagSet(name string) *flag.FlagSet {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fs.Usage = func() {}
-	fs.StringVar(&c.g.store, "store", c.g.store, "")
-	fs.StringVar(&c.g.output, "o", c.g.output, "")
-	fs.StringVar(&c.g.output, "output", c.g.output, "")
-	fs.DurationVar(&c.g.timeout, "timeout", c.g.timeout, "")
-	return fs
-}
-
-// checkGlobals validates the global flags.
-func (c *cli) checkGlobals(cmd *command) error {
-	switch {
-	case c.g.output != "table" && c.g.output != "json":
-		return usagef(cmd, "-o %q: want table or json", c.g.output)
-	case c.g.timeout <= 0:
-		return usagef(cmd, "--timeout %v: want a positive duration such as 10s", c.g.timeout)
-	case c.g.store == "":
-		return usagef(cmd, "--store is empty")
-	}
-	return nil
 }
 
 // checkStoreURL refuses, as usage errors, store URLs that no store could
@@ -260,50 +154,6 @@ func nestedURL(v string) (*url.URL, bool) {
 		return nil, false
 	}
 	return u, true
-}
-
-// parseArgs parses flags and positional arguments in any order. Everything
-// after a "--" is positional. With tail, the positional arguments after the
-// first are taken as they are, flags included (the command of `lock run`).
-func parseArgs(fs *flag.FlagSet, args []string, tail bool) ([]string, error) {
-	var after []string
-	dash := false
-	for i, a := range args {
-		if a == "--" {
-			after, args, dash = args[i+1:], args[:i], true
-			break
-		}
-	}
-	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, err
-		}
-		args = fs.Args()
-		if len(args) == 0 {
-			break
-		}
-		pos = append(pos, args[0])
-		args = args[1:]
-		if tail && !dash {
-			// lock run KEY CMD ARGS…: flags may come between KEY and CMD;
-			// from CMD on, everything is the command's.
-			if err := fs.Parse(args); err != nil {
-				return nil, err
-			}
-			return append(pos, fs.Args()...), nil
-		}
-	}
-	return append(pos, after...), nil
-}
-
-// flagErrText turns the flag package's errors into warden's wording.
-func flagErrText(err error) string {
-	s := err.Error()
-	if name, ok := strings.CutPrefix(s, "flag provided but not defined: "); ok {
-		return "unknown flag " + name
-	}
-	return s
 }
 
 // openStore opens the store named by --store, bounded by ctx. The store's

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"github.com/warden-go/warden/internal/testkit"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -17,7 +16,7 @@ func TestHelp(t *testing.T) {
 	for _, args := range [][]string{{"--help"}, {"-h"}, {"help"}} {
 		r := invoke(t, "", args...)
 		want(t, r, 0)
-		for _, s := range []string{"Usage:", "Global flags", "--store URL", "-o, --output", "--timeout", "Exit codes:", "Example:", "WARDEN_STORE"} {
+		for _, s := range []string{"Usage:", "Available Commands:", "Flags:", "--store URL", "-o, --output FORMAT", "--timeout DURATION", "Exit codes:", "Examples:", "WARDEN_STORE", "Stores (registered schemes:", "same ?prefix="} {
 			if !strings.Contains(r.stdout, s) {
 				t.Fatalf("%q: help lacks %q:\n%s", args, s, r.stdout)
 			}
@@ -27,37 +26,57 @@ func TestHelp(t *testing.T) {
 				t.Fatalf("help lacks exit code %d", e.code)
 			}
 		}
-		for _, cmd := range commands {
-			if !strings.Contains(r.stdout, "  "+cmd.path+" ") {
-				t.Fatalf("help lacks command %q", cmd.path)
+		for _, name := range []string{"lock", "breaker", "cache", "idem", "checkpoint", "migrate", "ping", "version", "completion", "help"} {
+			if !strings.Contains(r.stdout, "\n  "+name+" ") {
+				t.Fatalf("help lacks command %q:\n%s", name, r.stdout)
 			}
 		}
 	}
-	// Every command has a help with its usage and an example, in three
-	// spellings.
+	// Every command has a help with its usage, flags, the global flags and
+	// an example, in three spellings.
 	for _, cmd := range commands {
 		words := strings.Fields(cmd.path)
 		for _, args := range [][]string{append(append([]string{}, words...), "--help"), append([]string{"help"}, words...), append(append([]string{}, words...), "-h")} {
 			r := invoke(t, "", args...)
 			want(t, r, 0)
-			if !strings.HasPrefix(r.stdout, "Usage: warden "+cmd.path) || !strings.Contains(r.stdout, "\nExample:\n  warden ") {
-				t.Fatalf("%q: help:\n%s", args, r.stdout)
+			for _, s := range []string{"\nUsage:\n  warden " + cmd.path, "\nExamples:\n  warden ", "\nGlobal Flags:\n", "--store URL"} {
+				if !strings.Contains(r.stdout, s) {
+					t.Fatalf("%q: help lacks %q:\n%s", args, s, r.stdout)
+				}
 			}
 		}
 	}
-	for _, g := range groups {
-		r := invoke(t, "", g.name, "--help")
-		want(t, r, 0)
-		if !strings.Contains(r.stdout, "Subcommands:") || !strings.Contains(r.stdout, "Example:") {
-			t.Fatalf("%s --help:\n%s", g.name, r.stdout)
+	// A command's help lists its flags.
+	r := invoke(t, "", "lock", "run", "--help")
+	for _, s := range []string{"--ttl duration", "--wait duration", "--no-wait", "--grace duration"} {
+		if !strings.Contains(r.stdout, s) {
+			t.Fatalf("lock run --help lacks %q:\n%s", s, r.stdout)
 		}
-		r = invoke(t, "", "help", g.name)
-		want(t, r, 0)
 	}
-	for _, args := range [][]string{{"help", "completion"}, {"completion", "--help"}} {
+	// After KEY, --help is still a request for help, not the command's.
+	r = invoke(t, "", "lock", "run", "k", "--help")
+	want(t, r, 0)
+	if !strings.Contains(r.stdout, "Usage:\n  warden lock run") {
+		t.Fatalf("lock run k --help:\n%s", r)
+	}
+	for _, g := range groups {
+		for _, args := range [][]string{{g.name, "--help"}, {"help", g.name}} {
+			r := invoke(t, "", args...)
+			want(t, r, 0)
+			if !strings.Contains(r.stdout, "Available Commands:") {
+				t.Fatalf("%q:\n%s", args, r.stdout)
+			}
+			for _, sub := range subcommands(g.name) {
+				if !strings.Contains(r.stdout, "\n  "+sub+" ") {
+					t.Fatalf("%q lacks %q:\n%s", args, sub, r.stdout)
+				}
+			}
+		}
+	}
+	for _, args := range [][]string{{"help", "completion"}, {"completion", "--help"}, {"completion", "powershell", "--help"}} {
 		r := invoke(t, "", args...)
 		want(t, r, 0)
-		if !strings.Contains(r.stdout, "Example:") {
+		if !strings.Contains(r.stdout, "Usage:") {
 			t.Fatalf("%q:\n%s", args, r.stdout)
 		}
 	}
@@ -244,63 +263,46 @@ func TestTimeout(t *testing.T) {
 	}
 }
 
+// TestCompletion: the four shells' scripts (cobra's), and the answers
+// they get from warden's hidden __complete command.
 func TestCompletion(t *testing.T) {
-	for _, shell := range []string{"bash", "zsh", "fish"} {
+	for shell, register := range map[string]string{
+		"bash":       "complete -o default -F __start_warden warden",
+		"zsh":        "#compdef warden",
+		"fish":       "complete -c warden ",
+		"powershell": "Register-ArgumentCompleter",
+	} {
 		r := invoke(t, "", "completion", shell)
 		want(t, r, 0)
-		for _, s := range []string{"warden", "lock", "checkpoint", "prune", "keep", "store", "timeout"} {
-			if !strings.Contains(r.stdout, s) {
-				t.Fatalf("%s completion lacks %q", shell, s)
-			}
-		}
-		if shell == "fish" {
-			continue
-		}
-		if !strings.Contains(r.stdout, "complete -F _warden warden") {
-			t.Fatalf("%s completion does not register", shell)
+		if !strings.Contains(r.stdout, register) {
+			t.Fatalf("%s completion does not register (%q):\n%s", shell, register, r.stdout)
 		}
 	}
-	bash, err := exec.LookPath("bash")
-	if err != nil {
-		t.Log("bash not installed: completion script not run")
-		return
-	}
-	script := invoke(t, "", "completion", "bash").stdout
-	// Complete a few command lines with the script and check the answers.
 	for _, tc := range []struct {
-		line string // words; the last is completed
-		want string
+		words []string // the last is completed
+		want  string   // one of the answers
 	}{
-		{"warden lo", "lock"},
-		{"warden lock re", "release"},
-		{"warden -o json checkpoint p", "prune"},
-		{"warden checkpoint prune task --k", "--keep"},
-		{"warden lock run k --no", "--no-wait"},
-		{"warden --store x --out", "--output"},
-		{"warden -o ", "table json"},
-		{"warden completion z", "zsh"},
+		{[]string{"lo"}, "lock"},
+		{[]string{"lock", "re"}, "release"},
+		{[]string{"-o", "json", "checkpoint", "p"}, "prune"},
+		{[]string{"checkpoint", "prune", "task", "--k"}, "--keep"},
+		{[]string{"lock", "run", "--no"}, "--no-wait"},
+		{[]string{"--store", "x", "--out"}, "--output"},
+		{[]string{"completion", "p"}, "powershell"},
+		{[]string{"help", "lock", "w"}, "watch"},
 	} {
-		words := strings.Fields(tc.line)
-		if strings.HasSuffix(tc.line, " ") {
-			words = append(words, "")
+		r := invoke(t, "", append([]string{"__completeNoDesc"}, tc.words...)...)
+		if r.code != 0 {
+			t.Fatalf("completing %q: %s", tc.words, r)
 		}
-		prog := script + "\nCOMP_WORDS=(" + quoteWords(words) + ")\nCOMP_CWORD=" + itoa(len(words)-1) + "\n_warden\necho \"${COMPREPLY[*]}\"\n"
-		out, err := exec.Command(bash, "-c", prog).CombinedOutput()
-		if err != nil {
-			t.Fatalf("bash: %v\n%s", err, out)
+		found := false
+		for _, line := range strings.Split(r.stdout, "\n") {
+			found = found || line == tc.want
 		}
-		if got := strings.TrimSpace(string(out)); got != tc.want {
-			t.Errorf("completing %q: got %q, want %q", tc.line, got, tc.want)
+		if !found {
+			t.Errorf("completing %q: want %q among:\n%s", tc.words, tc.want, r.stdout)
 		}
 	}
-}
-
-func quoteWords(words []string) string {
-	q := make([]string, len(words))
-	for i, w := range words {
-		q[i] = "'" + strings.ReplaceAll(w, "'", `'\''`) + "'"
-	}
-	return strings.Join(q, " ")
 }
 
 func TestShortCutsOnCharacters(t *testing.T) {

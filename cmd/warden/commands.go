@@ -2,8 +2,9 @@ package main
 
 import (
 	"context"
-	"flag"
 	"strings"
+
+	"github.com/spf13/pflag"
 )
 
 // runFunc runs a command with its positional arguments, after its flags
@@ -25,7 +26,7 @@ type command struct {
 	tail bool
 	// setup registers the command's flags on fs and returns the function
 	// that runs it with their values.
-	setup func(fs *flag.FlagSet) runFunc
+	setup func(fs *pflag.FlagSet) runFunc
 }
 
 // brief is the synopsis shown in command lists.
@@ -100,34 +101,7 @@ func subcommands(group string) []string {
 	return names
 }
 
-// topLevel returns the names of the top-level commands and groups.
-func topLevel() []string {
-	var names []string
-	for _, g := range groups {
-		names = append(names, g.name)
-	}
-	for _, cmd := range commands {
-		if !strings.Contains(cmd.path, " ") {
-			names = append(names, cmd.path)
-		}
-	}
-	return append(names, "completion", "help")
-}
-
-// commandFlags returns a command's own flags (not the global ones), as
-// registered by its setup.
-func commandFlags(cmd *command) []*flag.Flag {
-	if cmd.setup == nil {
-		return nil
-	}
-	fs := flag.NewFlagSet(cmd.path, flag.ContinueOnError)
-	cmd.setup(fs)
-	var fl []*flag.Flag
-	fs.VisitAll(func(f *flag.Flag) { fl = append(fl, f) })
-	return fl
-}
-
 // noFlags is the setup of a command without flags of its own.
-func noFlags(f runFunc) func(fs *flag.FlagSet) runFunc {
-	return func(*flag.FlagSet) runFunc { return f }
+func noFlags(f runFunc) func(fs *pflag.FlagSet) runFunc {
+	return func(*pflag.FlagSet) runFunc { return f }
 }

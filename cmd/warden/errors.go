@@ -73,23 +73,27 @@ func notFoundf(format string, args ...any) error {
 
 // usageError is a bad command line (exit 2).
 type usageError struct {
-	cmd *command // nil: the top level
-	msg string
+	path string // the command's words, "lock run"; "": the top level
+	msg  string
 }
 
 func (e *usageError) Error() string {
-	if e.cmd == nil {
+	if e.path == "" {
 		if strings.Contains(e.msg, "(see '") {
 			return e.msg
 		}
 		return e.msg + " (see 'warden --help')"
 	}
-	return fmt.Sprintf("%s: %s (see 'warden %s --help')", e.cmd.path, e.msg, e.cmd.path)
+	return fmt.Sprintf("%s: %s (see 'warden %s --help')", e.path, e.msg, e.path)
 }
 
 // usagef returns a usage error about cmd (nil: the top level).
 func usagef(cmd *command, format string, args ...any) error {
-	return &usageError{cmd: cmd, msg: fmt.Sprintf(format, args...)}
+	e := &usageError{msg: fmt.Sprintf(format, args...)}
+	if cmd != nil {
+		e.path = cmd.path
+	}
+	return e
 }
 
 // timeoutError: the store did not answer within --timeout.

@@ -3,10 +3,11 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/spf13/pflag"
 
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
@@ -50,7 +51,7 @@ the store, the first attempt to take the lock and its release, not the wait
 nor CMD.`,
 			example: `warden lock run nightly-report -- ./report.sh --since yesterday
 warden lock run nightly-report --no-wait --ttl 1m -- sh -c 'echo "token $WARDEN_FENCING_TOKEN"; sleep 5'`,
-			setup: func(fs *flag.FlagSet) runFunc {
+			setup: func(fs *pflag.FlagSet) runFunc {
 				o := runOptions{}
 				fs.DurationVar(&o.ttl, "ttl", lock.DefaultTTL, "how long the lock lasts in the store unless renewed; renewed every third of it")
 				fs.DurationVar(&o.wait, "wait", 0, "wait at most this long for the lock, then exit 3 (0: until interrupted)")
@@ -97,7 +98,7 @@ not asked: it learns it lost the lock at its next renewal (a 'warden lock
 run' then stops its command and exits 6), so --force is required. Exits 4 if
 nobody holds the lock.`,
 			example: `warden lock release nightly-report --force`,
-			setup: func(fs *flag.FlagSet) runFunc {
+			setup: func(fs *pflag.FlagSet) runFunc {
 				force := fs.Bool("force", false, "required: release the lock even though someone holds it")
 				return func(ctx context.Context, c *cli, args []string) error {
 					return lockRelease(ctx, c, args[0], *force)
@@ -119,7 +120,7 @@ slow. Table format: TIME EVENT KEY OWNER TOKEN, one line per event; JSON
 format: one object per line.`,
 			example: `warden lock watch 'jobs/*'
 warden lock watch nightly-report --count 1   # wait for the next change`,
-			setup: func(fs *flag.FlagSet) runFunc {
+			setup: func(fs *pflag.FlagSet) runFunc {
 				n := fs.Int("count", 0, "exit after this many events (0: until interrupted)")
 				return func(ctx context.Context, c *cli, args []string) error {
 					return lockWatch(ctx, c, argOr(args, 0, ""), *n)
