@@ -1,0 +1,116 @@
+package redis_test
+
+import (
+	"context"
+	"net/url"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/warden-go/warden"
+	"github.com/warden-go/warden/drivertest"
+	"github.com/warden-go/warden/store/redis"
+)
+
+// TestMain lets the conformance suite re-execute this test binary as the
+// child processes of its multi-process checks.
+func TestMain(m *testing.M) {
+	drivertest.Main(m)
+}
+
+// withPrefix returns u with ?prefix=prefix.
+func withPrefix(t testing.TB, u, prefix string) string {
+	p, err := url.Parse(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := p.Query()
+	q.Set("prefix", prefix)
+	p.RawQuery = q.Encode()
+	return p.String()
+}
+
+// serverURL returns the single test server's redis:// URL with ?prefix=.
+func serverURL(t testing.TB, prefix string) string {
+	return withPrefix(t, drivertest.ServerURL(t, "redis", "WARDEN_TEST_REDIS_URL"), prefix)
+}
+
+// clusterAddrs returns the test cluster's seed addresses.
+func clusterAddrs(t testing.TB) []string {
+	v := os.Getenv("WARDEN_TEST_REDIS_CLUSTER_ADDRS")
+	if v == "" {
+		drivertest.ServerURL(t, "redis-cluster", "WARDEN_TEST_REDIS_CLUSTER_ADDRS")
+	}
+	return strings.Split(v, ",")
+}
+
+// clusterURL returns a redis:// URL of the test cluster with ?prefix=.
+func clusterURL(t testing.TB, prefix string) string {
+	addrs := clusterAddrs(t)
+	q := url.Values{}
+	for _, a := range addrs[1:] {
+		q.Add("addr", a)
+	}
+	q.Set("cluster", "true")
+	q.Set("prefix", prefix)
+	return "redis://" + addrs[0] + "?" + q.Encode()
+}
+
+// serverAddr returns the single test server's host:port, for the fault
+// checks' proxies.
+func serverAddr(t testing.TB) string {
+	p, err := url.Parse(serverURL(t, ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Port() == "" {
+		return p.Hostname() + ":6379"
+	}
+	return p.Host
+}
+
+// proxiedURL returns serverURL(t, prefix) with the server reached through
+// proxyAddr.
+func proxiedURL(t testing.TB, prefix, proxyAddr string) string {
+	p, err := url.Parse(serverURL(t, prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Host = proxyAddr
+	return p.String()
+}
+
+func openURL(u func(testing.TB, string) string) func(testing.TB, string) *warden.Store {
+	return func(t testing.TB, prefix string) *warden.Store {
+		st, err := redis.Open(context.Background(), u(t, prefix), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+}
+
+// TestConformance runs the whole conformance suite — driver checks and the
+// portable packages, in goroutines and in separate OS processes, and the
+// fault checks through proxies — against the single test server.
+func TestConformance(t *testing.T) {
+	serverURL(t, "")
+	drivertest.Run(t, drivertest.Harness{
+		Name:       "redis",
+		Open:       openURL(serverURL),
+		URL:        serverURL,
+		Upstream:   serverAddr,
+		ProxiedURL: proxiedURL,
+	})
+}
+
+// TestConformanceCluster runs the whole suite against the 3-master test
+// cluster.
+func TestConformanceCluster(t *testing.T) {
+	clusterURL(t, "")
+	drivertest.Run(t, drivertest.Harness{
+		Name: "redis-cluster",
+		Open: openURL(clusterURL),
+		URL:  clusterURL,
+	})
+}

@@ -1,0 +1,246 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+	"github.com/warden-go/warden/driver"
+)
+
+// A lock record is a hash: o owner (absent once released), t token,
+// a acquired at, e expires at (Unix ms, server clock). The record outlives
+// its holdings, so the next holding's token continues from t; a record
+// lost to its retention or to eviction restarts from the clock
+// (driver.TokenBase), above every token it handed out. Redis expires an
+// idle record LockRetention after its holding ended.
+//
+// Lock scripts: KEYS[1] the record; ARGV[1] the events channel, ARGV[2]
+// the key (for events), ARGV[3] the retention in ms, then their own.
+
+// lockEvent renders a lock event for the channel.
+const lockEvent = `
+local function publish(kind, owner, tok)
+	redis.call('PUBLISH', ARGV[1], string.format('L%d:%s:%d:%d:', kind, fmt(tok), now, #owner) .. owner .. ARGV[2])
+end
+`
+
+// acquire: ARGV[4] owner, ARGV[5] ttl ms. Reply {acquired, owner, token,
+// acquired at, expires at}.
+var lockAcquire = newScript(lockEvent + `
+local r = redis.call('HMGET', KEYS[1], 'o', 't', 'a', 'e')
+local ttl = tonumber(ARGV[5])
+local ret = tonumber(ARGV[3])
+local e = tonumber(r[4])
+if r[1] and e > now then
+	if r[1] ~= ARGV[4] then
+		return {0, r[1], r[2], r[3], r[4]}
+	end
+	e = now + ttl
+	redis.call('HSET', KEYS[1], 'e', fmt(e))
+	redis.call('PEXPIREAT', KEYS[1], fmt(e + ret))
+	return {1, r[1], r[2], r[3], fmt(e)}
+end
+local tok = now * 4096
+local old = tonumber(r[2])
+if old and old >= tok then tok = old + 1 end
+e = now + ttl
+redis.call('HSET', KEYS[1], 'o', ARGV[4], 't', fmt(tok), 'a', fmt(now), 'e', fmt(e))
+redis.call('PEXPIREAT', KEYS[1], fmt(e + ret))
+publish(1, ARGV[4], tok)
+return {1, ARGV[4], fmt(tok), fmt(now), fmt(e)}
+`)
+
+// refresh: ARGV[4] owner, ARGV[5] token, ARGV[6] ttl ms.
+var lockRefresh = newScript(`
+local r = redis.call('HMGET', KEYS[1], 'o', 't', 'a', 'e')
+if r[1] ~= ARGV[4] or r[2] ~= ARGV[5] or tonumber(r[4]) <= now then
+	return {0}
+end
+local e = now + tonumber(ARGV[6])
+redis.call('HSET', KEYS[1], 'e', fmt(e))
+redis.call('PEXPIREAT', KEYS[1], fmt(e + tonumber(ARGV[3])))
+return {1, r[1], r[2], r[3], fmt(e)}
+`)
+
+// release: ARGV[4] owner, ARGV[5] token; expired or not. force: ARGV[4]
+// is empty and only a live holding is ended.
+var lockRelease = newScript(lockEvent + `
+local r = redis.call('HMGET', KEYS[1], 'o', 't', 'e')
+if not r[1] then return 0 end
+local e = tonumber(r[3])
+if ARGV[4] == '' then
+	if e <= now then return 0 end
+elseif r[1] ~= ARGV[4] or r[2] ~= ARGV[5] then
+	return 0
+end
+if e > now then e = now end
+redis.call('HDEL', KEYS[1], 'o')
+redis.call('HSET', KEYS[1], 'e', fmt(e))
+redis.call('PEXPIREAT', KEYS[1], fmt(now + tonumber(ARGV[3])))
+publish(2, r[1], tonumber(r[2]))
+return 1
+`)
+
+// get: the live holding or {0}.
+var lockGet = newScript(`
+local r = redis.call('HMGET', KEYS[1], 'o', 't', 'a', 'e')
+if not r[1] or tonumber(r[4]) <= now then return {0} end
+return {1, r[1], r[2], r[3], r[4]}
+`)
+
+// locks is the store's lock driver.
+type locks store
+
+func (l *locks) s() *store { return (*store)(l) }
+
+func (l *locks) args(key string, more ...any) []any {
+	return append([]any{l.channel, key, l.retention}, more...)
+}
+
+// lockReply decodes {ok, owner, token, acquired at, expires at}.
+func lockReply(op, key string, v any) (driver.LockRecord, bool, error) {
+	a, ok := v.([]any)
+	if !ok || len(a) == 0 {
+		return driver.LockRecord{}, false, errReply(op, v)
+	}
+	if len(a) < 5 {
+		return driver.LockRecord{}, false, nil
+	}
+	return driver.LockRecord{
+		Key: key, Owner: rStr(a[1]), Token: rInt(a[2]),
+		AcquiredAt: ms(rInt(a[3])), ExpiresAt: ms(rInt(a[4])),
+	}, rInt(a[0]) == 1, nil
+}
+
+// Acquire implements driver.Locks.
+func (l *locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (driver.LockRecord, bool, error) {
+	v, err := l.s().run(ctx, lockAcquire, l.s().key(kindLock, key), l.args(key, owner, driver.Millis(ttl))...)
+	if err != nil {
+		return driver.LockRecord{}, false, err
+	}
+	return lockReply("acquire", key, v)
+}
+
+// Refresh implements driver.Locks.
+func (l *locks) Refresh(ctx context.Context, key, owner string, token int64, ttl time.Duration) (driver.LockRecord, bool, error) {
+	v, err := l.s().run(ctx, lockRefresh, l.s().key(kindLock, key), l.args(key, owner, token, driver.Millis(ttl))...)
+	if err != nil {
+		return driver.LockRecord{}, false, err
+	}
+	return lockReply("refresh", key, v)
+}
+
+// Release implements driver.Locks.
+func (l *locks) Release(ctx context.Context, key, owner string, token int64) (bool, error) {
+	v, err := l.s().run(ctx, lockRelease, l.s().key(kindLock, key), l.args(key, owner, token)...)
+	return rInt(v) == 1, err
+}
+
+// ForceRelease implements driver.Locks.
+func (l *locks) ForceRelease(ctx context.Context, key string) (bool, error) {
+	v, err := l.s().run(ctx, lockRelease, l.s().key(kindLock, key), l.args(key, "", 0)...)
+	return rInt(v) == 1, err
+}
+
+// Get implements driver.Locks.
+func (l *locks) Get(ctx context.Context, key string) (driver.LockRecord, bool, error) {
+	v, err := l.s().run(ctx, lockGet, l.s().key(kindLock, key))
+	if err != nil {
+		return driver.LockRecord{}, false, err
+	}
+	rec, _, err := lockReply("get", key, v)
+	return rec, rec.Owner != "", err
+}
+
+// List implements driver.Locks: SCAN on every master, then the live
+// holdings read one pipeline per page.
+func (l *locks) List(ctx context.Context, p driver.Pattern) ([]driver.LockRecord, error) {
+	s := l.s()
+	var out []driver.LockRecord
+	err := s.scanRead(ctx, kindLock, p, lockGet, nil, func(key string, v any) error {
+		rec, _, err := lockReply("list", key, v)
+		if err == nil && rec.Owner != "" {
+			out = append(out, rec)
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	slices.SortFunc(out, func(a, b driver.LockRecord) int { return strings.Compare(a.Key, b.Key) })
+	return out, nil
+}
+
+// scanRead lists the records of kind matching p and runs sc on each, one
+// pipeline per SCAN page, calling f with each key and reply.
+func (s *store) scanRead(ctx context.Context, kind string, p driver.Pattern, sc script, args []any, f func(key string, v any) error) error {
+	return s.scan(ctx, s.match(kind, p), func(rks []string) error {
+		var keys []string
+		var rkeys []string
+		for _, rk := range rks {
+			if k, ok := s.parseKey(kind, rk); ok && p.Match(k) {
+				keys = append(keys, k)
+				rkeys = append(rkeys, rk)
+			}
+		}
+		if len(keys) == 0 {
+			return nil
+		}
+		cmds, err := s.evalPipeline(ctx, sc, rkeys, args)
+		if err != nil {
+			return err
+		}
+		for i, c := range cmds {
+			v, err := c.Result()
+			if isNil(err) {
+				v, err = nil, nil
+			}
+			if err != nil {
+				return err
+			}
+			if err := f(keys[i], v); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// evalPipeline runs sc on each key in one pipeline (one round trip per
+// node), loading the script and running again if a server lacked it.
+func (s *store) evalPipeline(ctx context.Context, sc script, rkeys []string, args []any) ([]*goredis.Cmd, error) {
+	for attempt := 0; ; attempt++ {
+		pipe := s.client.Pipeline()
+		cmds := make([]*goredis.Cmd, len(rkeys))
+		for i, rk := range rkeys {
+			cmds[i] = sc.EvalSha(ctx, pipe, []string{rk}, args...)
+		}
+		_, err := pipe.Exec(ctx)
+		if err == nil || isNil(err) {
+			return cmds, nil
+		}
+		if attempt == 0 && goredis.HasErrorPrefix(err, "NOSCRIPT") {
+			if err := s.loadEverywhere(ctx, sc); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		return nil, s.fail(ctx, err)
+	}
+}
+
+// loadEverywhere loads sc on the server, or on every master of a cluster.
+func (s *store) loadEverywhere(ctx context.Context, sc script) error {
+	if cc, ok := s.client.(*goredis.ClusterClient); ok {
+		return s.fail(ctx, cc.ForEachMaster(ctx, func(ctx context.Context, c *goredis.Client) error {
+			return sc.Load(ctx, c).Err()
+		}))
+	}
+	return s.fail(ctx, sc.Load(ctx, s.client).Err())
+}
+
+func isNil(err error) bool { return errors.Is(err, goredis.Nil) }
