@@ -11,10 +11,11 @@ import (
 func breakerCommands() []*command {
 	return []*command{
 		{
-			path:    "breaker ls",
-			args:    "[PATTERN]",
-			summary: "list circuit breakers with their state and failure count",
-			maxArgs: 1,
+			path:     "breaker ls",
+			readOnly: true,
+			args:     "[PATTERN]",
+			summary:  "list circuit breakers with their state and failure count",
+			maxArgs:  1,
 			help: `
 Lists the circuit breakers whose names match the glob PATTERN ('*' any run,
 '?' one character, '\' escapes; default: all), sorted by name. A breaker
@@ -23,17 +24,19 @@ that never recorded anything has no record and is closed.`,
 			setup:   noFlags(breakerLs),
 		},
 		{
-			path:    "breaker show",
-			args:    "NAME",
-			summary: "show a circuit breaker; exits 3 if it is not closed",
-			need:    []string{"NAME"},
-			maxArgs: 1,
+			path:     "breaker show",
+			readOnly: true,
+			args:     "NAME",
+			summary:  "show a circuit breaker; exits 3 if it is not closed",
+			need:     []string{"NAME"},
+			maxArgs:  1,
 			help: `
 Shows the shared state of the circuit breaker NAME: state (closed, open,
 half-open), consecutive failures, last failure and success, when it opened,
 the half-open probe's holder, version. Exits 3 when the circuit is open or
 half-open (calls through it are refused, but for one probe), so that
-scripts can test it; exits 4 if it has no record (it then reads as closed).`,
+scripts can test it. A circuit without a record (never failed, or reset)
+is closed: it is shown as "closed (no record)" and exits 0.`,
 			example: `warden breaker show payments-api || echo "payments are off"`,
 			setup:   noFlags(breakerShow),
 		},
@@ -91,6 +94,9 @@ type circuitJSON struct {
 	ProbeUntil  jsonTime `json:"probe_until"`
 	Version     int64    `json:"version"`
 	UpdatedAt   jsonTime `json:"updated_at"`
+	// Recorded is false for a circuit without a record (breaker show),
+	// which is closed.
+	Recorded bool `json:"recorded"`
 }
 
 func toCircuitJSON(r driver.CircuitRecord) circuitJSON {
@@ -98,7 +104,7 @@ func toCircuitJSON(r driver.CircuitRecord) circuitJSON {
 		Name: r.Name, State: string(r.State), Failures: r.Failures,
 		LastFailure: jsonTime(r.LastFailure), LastSuccess: jsonTime(r.LastSuccess),
 		OpenedAt: jsonTime(r.OpenedAt), ProbeOwner: r.ProbeOwner, ProbeUntil: jsonTime(r.ProbeUntil),
-		Version: r.Version, UpdatedAt: jsonTime(r.UpdatedAt),
+		Version: r.Version, UpdatedAt: jsonTime(r.UpdatedAt), Recorded: true,
 	}
 }
 
@@ -125,14 +131,21 @@ func breakerLs(ctx context.Context, c *cli, args []string) error {
 	return tw.Flush()
 }
 
-// printCircuit shows one circuit breaker.
-func (c *cli) printCircuit(r driver.CircuitRecord) error {
+// printCircuit shows one circuit breaker; recorded is false for a circuit
+// without a record (shown closed).
+func (c *cli) printCircuit(r driver.CircuitRecord, recorded bool) error {
 	if c.isJSON() {
-		return c.printJSON(toCircuitJSON(r))
+		j := toCircuitJSON(r)
+		j.Recorded = recorded
+		return c.printJSON(j)
+	}
+	state := string(r.State)
+	if !recorded {
+		state += " (no record)"
 	}
 	return c.printFields([]field{
 		{"name", cell(r.Name)},
-		{"state", string(r.State)},
+		{"state", state},
 		{"failures", strconv.FormatInt(r.Failures, 10)},
 		{"last_failure", tableTime(r.LastFailure)},
 		{"last_success", tableTime(r.LastSuccess)},
@@ -155,9 +168,11 @@ func breakerShow(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 	if !found {
-		return notFoundf("circuit breaker %s has no record (it reads as closed)", quoteShort(args[0]))
+		// Never recorded anything, or reset: closed, as every process
+		// using it reads it.
+		rec = driver.CircuitRecord{Name: args[0], State: driver.Closed}
 	}
-	if err := c.printCircuit(rec); err != nil {
+	if err := c.printCircuit(rec, found); err != nil {
 		return err
 	}
 	if rec.State != driver.Closed {
@@ -187,7 +202,7 @@ func breakerSetter(state driver.CircuitState) runFunc {
 		if err != nil {
 			return err
 		}
-		return c.printCircuit(rec)
+		return c.printCircuit(rec, true)
 	}
 }
 

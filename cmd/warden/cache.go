@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -15,11 +17,12 @@ import (
 func cacheCommands() []*command {
 	return []*command{
 		{
-			path:    "cache get",
-			args:    "KEY",
-			summary: "print a cached value",
-			need:    []string{"KEY"},
-			maxArgs: 1,
+			path:     "cache get",
+			readOnly: true,
+			args:     "KEY",
+			summary:  "print a cached value",
+			need:     []string{"KEY"},
+			maxArgs:  1,
 			help: `
 Prints the value cached under KEY followed by a newline (table format), or
 an object with the value, its encoding and its expiry (-o json: the exact
@@ -61,10 +64,11 @@ Deletes the entry cached under KEY. Exits 4 if there was no live entry.`,
 			setup:   noFlags(cacheDel),
 		},
 		{
-			path:    "cache keys",
-			args:    "[PATTERN]",
-			summary: "list cached keys",
-			maxArgs: 1,
+			path:     "cache keys",
+			readOnly: true,
+			args:     "[PATTERN]",
+			summary:  "list cached keys",
+			maxArgs:  1,
 			help: `
 Lists the keys of the live cache entries that match the glob PATTERN ('*'
 any run, '?' one character, '\' escapes; default: all), sorted.`,
@@ -73,16 +77,25 @@ any run, '?' one character, '\' escapes; default: all), sorted.`,
 		},
 		{
 			path:    "cache clear",
-			args:    "",
+			args:    "[--yes]",
 			summary: "delete every cache entry of the store's namespace",
 			maxArgs: 0,
 			help: `
 Deletes every cache entry in the store's namespace (the ?prefix= of the
 store URL) and nothing else: locks, circuit breakers, idempotency keys,
 checkpoints and other namespaces are untouched. Prints how many live
-entries were deleted.`,
-			example: `warden --store 'sqlite://warden.db?prefix=billing:' cache clear`,
-			setup:   noFlags(cacheClear),
+entries were deleted.
+
+It asks for confirmation on the terminal (stdin); scripts pass --yes.
+Without a terminal and without --yes it deletes nothing and exits 2.`,
+			example: `warden --store 'sqlite://warden.db?prefix=billing:' cache clear
+warden --store "$WARDEN_STORE" cache clear --yes   # in a script`,
+			setup: func(fs *pflag.FlagSet) runFunc {
+				yes := fs.BoolP("yes", "y", false, "do not ask for confirmation (required without a terminal)")
+				return func(ctx context.Context, c *cli, _ []string) error {
+					return cacheClear(ctx, c, *yes)
+				}
+			},
 		},
 	}
 }
@@ -194,7 +207,17 @@ func cacheKeys(ctx context.Context, c *cli, args []string) error {
 	return tw.Flush()
 }
 
-func cacheClear(ctx context.Context, c *cli, _ []string) error {
+func cacheClear(ctx context.Context, c *cli, yes bool) error {
+	if !yes {
+		if !c.terminal() {
+			return usagef(findCommand("cache clear"), "refusing to delete every cache entry of %s without --yes: stdin is not a terminal to ask", c.redactedStore())
+		}
+		fmt.Fprintf(c.stderr, "Delete every cache entry of %s? [y/N] ", c.redactedStore())
+		line, _ := bufio.NewReader(c.stdin).ReadString('\n')
+		if ans := strings.ToLower(strings.TrimSpace(line)); ans != "y" && ans != "yes" {
+			return exitf(exitFailed, "cache clear: not confirmed; nothing was deleted")
+		}
+	}
 	var n int64
 	err := c.withStore(ctx, func(ctx context.Context, st *warden.Store) (err error) {
 		n, err = st.Cache().Clear(ctx)

@@ -14,10 +14,11 @@ import (
 func checkpointCommands() []*command {
 	return []*command{
 		{
-			path:    "checkpoint ls",
-			args:    "[TASK]",
-			summary: "list tasks with checkpoints, or a task's checkpoints",
-			maxArgs: 1,
+			path:     "checkpoint ls",
+			readOnly: true,
+			args:     "[TASK]",
+			summary:  "list tasks with checkpoints, or a task's checkpoints",
+			maxArgs:  1,
 			help: `
 Without TASK, lists the ids of the tasks that have checkpoints. With TASK,
 lists its checkpoints in sequence order: id, sequence, time, progress (0–100),
@@ -28,11 +29,12 @@ warden checkpoint ls import-2024`,
 			setup: noFlags(checkpointLs),
 		},
 		{
-			path:    "checkpoint show",
-			args:    "ID",
-			summary: "show one checkpoint with its saved state",
-			need:    []string{"ID"},
-			maxArgs: 1,
+			path:     "checkpoint show",
+			readOnly: true,
+			args:     "ID",
+			summary:  "show one checkpoint with its saved state",
+			need:     []string{"ID"},
+			maxArgs:  1,
 			help: `
 Shows the checkpoint ID (TASK:SEQUENCE, as 'warden checkpoint ls TASK'
 lists them) with its saved state (-o json: exact bytes, as text or

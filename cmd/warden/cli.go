@@ -14,6 +14,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"golang.org/x/term"
+
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
 	_ "github.com/warden-go/warden/store/dynamo" // registers dynamodb://
@@ -52,6 +54,11 @@ type cli struct {
 	// args are the command's positional arguments (keys, patterns,
 	// names), which messages show cut to a readable length.
 	args []string
+	// isTerminal reports whether stdin is a terminal to ask questions on
+	// (nil: check c.stdin).
+	isTerminal func() bool
+	// readOnly: the command only reads the store (command.readOnly).
+	readOnly bool
 	// ran is set when a command's own function ran: an error is then the
 	// command's, not cobra's about the command line.
 	ran bool
@@ -85,6 +92,15 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		fmt.Fprintln(c.stderr, msg)
 	}
 	return code
+}
+
+// terminal reports whether warden may ask the user a question on stdin.
+func (c *cli) terminal() bool {
+	if c.isTerminal != nil {
+		return c.isTerminal()
+	}
+	f, ok := c.stdin.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
 }
 
 // getenv looks name up in the environment run was given.
@@ -163,15 +179,36 @@ func (c *cli) openStore(ctx context.Context) (*warden.Store, error) {
 	if err := checkStoreURL(c.g.store); err != nil {
 		return nil, err
 	}
-	st, err := warden.OpenWith(ctx, c.g.store, &warden.Options{Logger: slog.New(slog.DiscardHandler)})
+	raw := c.g.store
+	if c.readOnly && c.scheme() == "sqlite" {
+		raw = withParam(raw, "mode", "ro")
+	}
+	st, err := warden.OpenWith(ctx, raw, &warden.Options{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
-		err = quoteOpenURL(err, c.g.store)
+		err = quoteOpenURL(err, raw, c.g.store)
 		if c.scheme() == "sqlite" {
-			err = &sqliteOpenError{err}
+			err = &sqliteOpenError{err: err, readOnly: c.readOnly && raw != c.g.store}
 		}
 		return nil, c.ctxError(ctx, err)
 	}
 	return st, nil
+}
+
+// withParam returns the URL raw with the query parameter name=value
+// added, unless raw already has name or cannot be parsed.
+func withParam(raw, name, value string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.Query().Has(name) {
+		return raw
+	}
+	sep := "?"
+	if strings.Contains(raw, "?") {
+		sep = "&"
+		if strings.HasSuffix(raw, "?") || strings.HasSuffix(raw, "&") {
+			sep = ""
+		}
+	}
+	return raw + sep + url.QueryEscape(name) + "=" + url.QueryEscape(value)
 }
 
 // withStore runs f on the store within --timeout, interruptible by SIGINT
@@ -274,9 +311,10 @@ type openError struct {
 func (e *openError) Error() string { return "open " + strconv.Quote(e.url) + ": " + e.err.Error() }
 func (e *openError) Unwrap() error { return e.err }
 
-// quoteOpenURL rewrites warden.Open's "warden: open URL: cause" error as
-// an *openError; other errors are returned as they are.
-func quoteOpenURL(err error, raw string) error {
+// quoteOpenURL rewrites warden.Open's "warden: open URL: cause" error for
+// the URL raw as an *openError that shows the URL shown (the one the user
+// gave, which raw may extend); other errors are returned as they are.
+func quoteOpenURL(err error, raw, shown string) error {
 	u, perr := url.Parse(raw)
 	if perr != nil {
 		return err
@@ -285,6 +323,9 @@ func quoteOpenURL(err error, raw string) error {
 	cause := errors.Unwrap(err)
 	if cause == nil || !strings.HasPrefix(err.Error(), "warden: open "+redacted+": ") {
 		return err
+	}
+	if su, err := url.Parse(shown); err == nil {
+		redacted, raw = driver.RedactURL(su), shown
 	}
 	return &openError{url: scrubSecrets(redacted, raw), err: cause}
 }

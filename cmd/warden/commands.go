@@ -24,6 +24,10 @@ type command struct {
 	// tail: the positional arguments after the first are a command line,
 	// taken as they are (lock run KEY CMD ARGS…).
 	tail bool
+	// readOnly: the command only reads the store, which it opens read-only
+	// where the store can (sqlite: ?mode=ro), so that it works on a
+	// read-only file and never creates a database at a mistyped path.
+	readOnly bool
 	// setup registers the command's flags on fs and returns the function
 	// that runs it with their values.
 	setup func(fs *pflag.FlagSet) runFunc

@@ -12,7 +12,7 @@ import (
 	"github.com/warden-go/warden/driver"
 )
 
-var circuitFields = []string{"name", "state", "failures", "last_failure", "last_success", "opened_at", "probe_owner", "probe_until", "version", "updated_at"}
+var circuitFields = []string{"name", "state", "failures", "last_failure", "last_success", "opened_at", "probe_owner", "probe_until", "version", "updated_at", "recorded"}
 
 func TestBreakerCommands(t *testing.T) {
 	eachStore(t, func(t *testing.T, url string) {
@@ -84,8 +84,13 @@ func TestBreakerCommands(t *testing.T) {
 		}
 		r = invoke(t, "", "--store", url, "breaker", "reset", "pay-api")
 		want(t, r, exitNotFound)
+		// Without a record it is closed: exit 0, so that `breaker show X
+		// && call` calls.
 		r = invoke(t, "", "--store", url, "breaker", "show", "pay-api")
-		want(t, r, exitNotFound)
+		want(t, r, 0)
+		if !strings.Contains(r.stdout, "closed (no record)") {
+			t.Fatalf("breaker show without a record: %s", r)
+		}
 
 		if _, err := st.Circuits().Set(ctx, "x", driver.HalfOpen); err != nil {
 			t.Fatal(err)
@@ -191,10 +196,10 @@ func TestCacheCommands(t *testing.T) {
 		if _, ok, err := st.Locks().Acquire(ctx, "keep-me", "o", time.Minute); err != nil || !ok {
 			t.Fatal(err)
 		}
-		r = invoke(t, "", "--store", url, "cache", "clear")
+		r = invoke(t, "", "--store", url, "cache", "clear", "--yes")
 		want(t, r, 0)
 		wantLines(t, r, `deleted 2 cache entries`)
-		r = invoke(t, "", "--store", url, "-o", "json", "cache", "clear")
+		r = invoke(t, "", "--store", url, "-o", "json", "cache", "clear", "-y")
 		want(t, r, 0)
 		var cleared struct {
 			Deleted int64 `json:"deleted"`
@@ -213,16 +218,56 @@ func TestCacheCommands(t *testing.T) {
 
 		r = invoke(t, "", "--store", url, "cache", "set", "k", "v", "--ttl", "-1s")
 		want(t, r, exitUsage)
-		r = invoke(t, "", "--store", url, "cache", "clear", "extra")
+		r = invoke(t, "", "--store", url, "cache", "clear", "--yes", "extra")
 		want(t, r, exitUsage)
 	})
+}
+
+// TestCacheClearAsks: without --yes, cache clear asks on a terminal and
+// deletes only on "y"; without a terminal it refuses (exit 2).
+func TestCacheClearAsks(t *testing.T) {
+	url := testStores(t)[1].url
+	count := func() int {
+		r := invoke(t, "", "--store", url, "-o", "json", "cache", "keys")
+		want(t, r, 0)
+		var keys []struct{ Key string }
+		decode(t, r, &keys)
+		return len(keys)
+	}
+	want(t, invoke(t, "", "--store", url, "cache", "set", "k", "v"), 0)
+	for _, tc := range []struct {
+		terminal bool
+		answer   string
+		code     int
+		left     int
+	}{
+		{false, "y\n", exitUsage, 1}, // no terminal: refused, stdin not read
+		{true, "\n", exitFailed, 1},  // the default is no
+		{true, "n\n", exitFailed, 1},
+		{true, "", exitFailed, 1}, // end of input
+		{true, "yes\n", 0, 0},
+	} {
+		var out, errb strings.Builder
+		c := &cli{stdin: strings.NewReader(tc.answer), stdout: &out, stderr: &errb, env: testEnv(), g: globals{store: url, output: "table", timeout: defaultTimeout}}
+		c.isTerminal = func() bool { return tc.terminal }
+		err := cacheClear(context.Background(), c, false)
+		if code := exitCode(err); err != nil && code != tc.code || err == nil && tc.code != 0 {
+			t.Fatalf("terminal %v, answer %q: got %v (exit %d), want exit %d", tc.terminal, tc.answer, err, code, tc.code)
+		}
+		if tc.terminal && !strings.Contains(errb.String(), "Delete every cache entry of "+url+"? [y/N] ") {
+			t.Fatalf("no question asked: %q", errb.String())
+		}
+		if n := count(); n != tc.left {
+			t.Fatalf("terminal %v, answer %q: %d entries left, want %d", tc.terminal, tc.answer, n, tc.left)
+		}
+	}
 }
 
 func TestCacheNamespaces(t *testing.T) {
 	url := testStores(t)[1].url
 	want(t, invoke(t, "", "--store", url+"?prefix=a:", "cache", "set", "k", "in-a"), 0)
 	want(t, invoke(t, "", "--store", url+"?prefix=b:", "cache", "set", "k", "in-b"), 0)
-	want(t, invoke(t, "", "--store", url+"?prefix=a:", "cache", "clear"), 0)
+	want(t, invoke(t, "", "--store", url+"?prefix=a:", "cache", "clear", "--yes"), 0)
 	r := invoke(t, "", "--store", url+"?prefix=b:", "cache", "get", "k")
 	want(t, r, 0)
 	wantLines(t, r, `in-b`)

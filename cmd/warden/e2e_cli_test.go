@@ -3,9 +3,13 @@
 package main
 
 import (
+	"bytes"
+	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -138,7 +142,17 @@ func TestE2EBreakerCloseUnknown(t *testing.T) {
 	r := runWarden(t, nil, "--store", url, "breaker", "close", "TYPO")
 	want(t, r, exitNotFound)
 	oneErrorLine(t, r)
-	want(t, runWarden(t, nil, "--store", url, "breaker", "show", "TYPO"), exitNotFound)
+	// A circuit without a record is closed: show exits 0.
+	r = runWarden(t, nil, "--store", url, "breaker", "show", "TYPO")
+	want(t, r, 0)
+	if !strings.Contains(r.stdout, "closed (no record)") {
+		t.Fatalf("breaker show TYPO: %s", r)
+	}
+	r = runWarden(t, nil, "--store", url, "-o", "json", "breaker", "show", "TYPO")
+	want(t, r, 0)
+	if !strings.Contains(r.stdout, `"state": "closed"`) || !strings.Contains(r.stdout, `"recorded": false`) {
+		t.Fatalf("breaker show -o json TYPO: %s", r)
+	}
 	r = runWarden(t, nil, "--store", url, "-o", "json", "breaker", "ls")
 	want(t, r, 0)
 	if strings.TrimSpace(r.stdout) != "[]" {
@@ -153,4 +167,168 @@ func TestE2EBreakerCloseUnknown(t *testing.T) {
 		t.Fatalf("breaker close payments: %s", r)
 	}
 	want(t, runWarden(t, nil, "--store", url, "breaker", "show", "payments"), 0)
+}
+
+// TestE2EUnknownFlagNamedAsTyped: an unknown flag is named as it was typed,
+// "--bogus", wherever it stands, and is a usage error.
+func TestE2EUnknownFlagNamedAsTyped(t *testing.T) {
+	_, url := e2eStore(t)
+	for _, args := range [][]string{
+		{"--bogus", "ping"},
+		{"ping", "--bogus"},
+		{"lock", "run", "--bogus", "k", "--", "true"},
+		{"lock", "run", "k", "--bogus", "--", "true"},
+	} {
+		r := runWarden(t, nil, append([]string{"--store", url}, args...)...)
+		want(t, r, exitUsage)
+		if !strings.Contains(r.stderr, "unknown flag: --bogus") {
+			t.Fatalf("%q: %s", args, r)
+		}
+	}
+}
+
+// TestE2ECacheClearNeedsYes: without a terminal, cache clear deletes
+// nothing and exits 2 unless --yes is given.
+func TestE2ECacheClearNeedsYes(t *testing.T) {
+	_, url := e2eStore(t)
+	want(t, runWarden(t, nil, "--store", url, "cache", "set", "k", "v"), 0)
+	r := runWarden(t, nil, "--store", url, "cache", "clear")
+	want(t, r, exitUsage)
+	if !strings.Contains(r.stderr, "--yes") {
+		t.Fatalf("cache clear without --yes: %s", r)
+	}
+	want(t, runWarden(t, nil, "--store", url, "cache", "get", "k"), 0)
+	r = runWarden(t, nil, "--store", url, "cache", "clear", "--yes")
+	want(t, r, 0)
+	wantLines(t, r, `deleted 1 cache entry`)
+	want(t, runWarden(t, nil, "--store", url, "cache", "get", "k"), exitNotFound)
+}
+
+// readCommands are commands that only read the store, with the exit code
+// each has on the store readOnlyStore seeds.
+var readCommands = []struct {
+	args []string
+	code int
+}{
+	{[]string{"ping"}, 0},
+	{[]string{"lock", "ls"}, 0},
+	{[]string{"lock", "show", "nobody-holds-this"}, exitNotFound},
+	{[]string{"breaker", "ls"}, 0},
+	{[]string{"breaker", "show", "pay"}, exitHeld},
+	{[]string{"cache", "get", "k"}, 0},
+	{[]string{"cache", "keys"}, 0},
+	{[]string{"idem", "ls"}, 0},
+	{[]string{"checkpoint", "ls"}, 0},
+	{[]string{"lock", "watch", "--count", "1", "--timeout", "1s"}, -1}, // interrupted below
+}
+
+// TestE2EMistypedSQLitePathCreatesNothing: a command that only reads, given
+// a SQLite path where no file is, exits 5 naming the path, and creates no
+// file; a command that writes creates the database.
+func TestE2EMistypedSQLitePathCreatesNothing(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "typo.db")
+	for _, rc := range readCommands {
+		if rc.code < 0 {
+			continue
+		}
+		r := runWarden(t, nil, append([]string{"--store", "sqlite://" + path}, rc.args...)...)
+		want(t, r, exitUnreachable)
+		if !strings.Contains(r.stderr, `"`+path+`"`) || !strings.Contains(r.stderr, "never create") {
+			t.Fatalf("%q: want the path named: %s", rc.args, r)
+		}
+	}
+	// The default store too (sqlite://warden.db in the working directory).
+	cmd := exec.Command(wardenBin, "lock", "ls")
+	cmd.Dir, cmd.Env = dir, testEnv()
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	var ee *exec.ExitError
+	if err := cmd.Run(); !errors.As(err, &ee) || ee.ExitCode() != exitUnreachable || !strings.Contains(stderr.String(), "warden.db") {
+		t.Fatalf("lock ls on the default store in an empty directory: %v %s", err, stderr.String())
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Fatalf("read commands created %v", entries)
+	}
+	want(t, runWarden(t, nil, "--store", "sqlite://"+path, "cache", "set", "k", "v"), 0)
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("cache set did not create the database: %v", err)
+	}
+}
+
+// TestE2EReadOnlySQLiteFile: on a SQLite file this process may only read
+// (in a directory it cannot write, so that SQLite cannot create the WAL's
+// -shm file either), commands that only read work, and a write exits 5 in
+// one line. As root, whom file modes do not stop, warden runs as nobody.
+func TestE2EReadOnlySQLiteFile(t *testing.T) {
+	dir, err := os.MkdirTemp("", "warden-ro-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		os.Chmod(dir, 0o755)
+		os.RemoveAll(dir)
+	})
+	path := filepath.Join(dir, "w.db")
+	url := "sqlite://" + path
+	want(t, runWarden(t, nil, "--store", url, "cache", "set", "k", "v"), 0)
+	want(t, runWarden(t, nil, "--store", url, "breaker", "open", "pay"), 0)
+
+	var cred *syscall.Credential
+	if os.Geteuid() == 0 {
+		const nobody = 65534
+		cred = &syscall.Credential{Uid: nobody, Gid: nobody}
+		for _, p := range []string{dir, filepath.Dir(wardenBin)} {
+			if err := os.Chmod(p, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+	} else {
+		if err := os.Chmod(path, 0o444); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(dir, 0o555); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runRO := func(args ...string) result {
+		t.Helper()
+		cmd := exec.Command(wardenBin, append([]string{"--store", url}, args...)...)
+		cmd.Env = append(testEnv(), "GORACE=atexit_sleep_ms=0")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		r := result{stdout: stdout.String(), stderr: stderr.String()}
+		var ee *exec.ExitError
+		switch {
+		case errors.As(err, &ee):
+			r.code = ee.ExitCode()
+		case err != nil:
+			t.Fatal(err)
+		}
+		return r
+	}
+	if f, err := os.OpenFile(path, os.O_RDWR, 0); err == nil && cred == nil {
+		f.Close()
+		t.Skip("file modes do not stop this user from writing")
+	}
+	for _, rc := range readCommands {
+		if rc.code < 0 {
+			continue
+		}
+		r := runRO(rc.args...)
+		if r.code != rc.code || rc.code == 0 && r.stderr != "" {
+			t.Fatalf("%q on a read-only file: want exit %d, got %s", rc.args, rc.code, r)
+		}
+	}
+	r := runRO("cache", "get", "k")
+	wantLines(t, r, "v")
+	for _, args := range [][]string{{"cache", "set", "k2", "v"}, {"breaker", "close", "pay"}, {"migrate"}} {
+		r := runRO(args...)
+		want(t, r, exitUnreachable)
+		if !strings.Contains(r.stderr, "readonly") && !strings.Contains(r.stderr, "read-only") && !strings.Contains(r.stderr, "unable to open") {
+			t.Fatalf("%q on a read-only file: %s", args, r)
+		}
+	}
 }

@@ -22,15 +22,6 @@ type serverStore struct {
 	url  func(base, prefix string) string
 }
 
-// withParam adds name=value to a URL's query.
-func withParam(base, name, value string) string {
-	sep := "?"
-	if strings.Contains(base, "?") {
-		sep = "&"
-	}
-	return base + sep + name + "=" + url.QueryEscape(value)
-}
-
 var serverStores = []serverStore{
 	{name: "mysql", env: "WARDEN_TEST_MYSQL_URL", url: func(base, prefix string) string {
 		return withParam(base, "prefix", prefix)
@@ -95,5 +86,26 @@ func TestE2EServerNoWaitWhileHeld(t *testing.T) {
 			want(t, h.wait(t, 30*time.Second), 0)
 			want(t, runWarden(t, nil, "--store", url, "lock", "run", "job", "--no-wait", "--", "true"), 0)
 		})
+	}
+}
+
+// TestE2EServerMySQLRefused: a login the server refuses and a database it
+// does not have exit 5 (the store cannot be used), in one line without the
+// password.
+func TestE2EServerMySQLRefused(t *testing.T) {
+	base, err := url.Parse(drivertest.ServerURL(t, "mysql", "WARDEN_TEST_MYSQL_URL"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	badUser := *base
+	badUser.User = url.UserPassword("warden_no_such_user", "s3cret")
+	badDB := *base
+	badDB.Path = "/warden_no_such_db"
+	for _, u := range []*url.URL{&badUser, &badDB} {
+		r := runWarden(t, nil, "--store", u.String(), "ping")
+		want(t, r, exitUnreachable)
+		if strings.Contains(r.stderr, "s3cret") || !strings.Contains(r.stderr, "store unreachable") {
+			t.Fatalf("%s: %s", u.Redacted(), r)
+		}
 	}
 }

@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
@@ -21,7 +24,7 @@ const (
 	exitUsage       = 2   // bad command line: unknown command or flag, missing argument, bad key, pattern or store URL
 	exitHeld        = 3   // lock not acquired (held elsewhere), or circuit not closed
 	exitNotFound    = 4   // the lock, circuit, cache entry, idempotency key or checkpoint does not exist
-	exitUnreachable = 5   // the store could not be reached, or did not answer within --timeout
+	exitUnreachable = 5   // the store could not be reached or used, or did not answer within --timeout
 	exitLeaseLost   = 6   // lock run: the lock was lost while the command ran
 	exitInterrupted = 130 // interrupted by SIGINT, SIGTERM or SIGHUP
 )
@@ -36,7 +39,7 @@ var exitCodes = []struct {
 	{exitUsage, "usage: unknown command or flag, missing argument, invalid key, pattern or store URL"},
 	{exitHeld, "lock not acquired (held elsewhere), or circuit open (breaker show)"},
 	{exitNotFound, "not found: no such lock, circuit, cache entry, idempotency key or checkpoint"},
-	{exitUnreachable, "store unreachable, or no answer within --timeout"},
+	{exitUnreachable, "store unreachable or unusable: no answer within --timeout, network error, login or database refused (MySQL access denied, unknown database), SQLite file missing (for read commands), unreadable or read-only (for writes)"},
 	{exitLeaseLost, "lock run: the lock was lost while the command ran (the command was stopped)"},
 	{exitInterrupted, "interrupted (SIGINT, SIGTERM or SIGHUP)"},
 }
@@ -149,12 +152,24 @@ func exitCode(err error) int {
 // SQLite result codes (the low byte of an extended code) that mean the
 // database file cannot be used at all.
 const (
+	sqliteReadOnly = 8 // a write to a file this process may only read
 	sqliteIOErr    = 10
 	sqliteCantOpen = 14
 	sqliteNotADB   = 26
 )
 
-// unreachable reports whether err says the store could not be reached.
+// MySQL and MariaDB server errors that mean the store cannot be used
+// with this URL at all.
+const (
+	mysqlDBAccessDenied         = 1044 // ER_DBACCESS_DENIED_ERROR: no rights on the database
+	mysqlAccessDenied           = 1045 // ER_ACCESS_DENIED_ERROR: bad user or password
+	mysqlBadDB                  = 1049 // ER_BAD_DB_ERROR: unknown database
+	mysqlAccessDeniedNoPassword = 1698 // ER_ACCESS_DENIED_NO_PASSWORD_ERROR
+)
+
+// unreachable reports whether err says the store could not be reached or
+// used: a network error, a login or database the server refuses, an
+// SQLite file that cannot be opened, read or written.
 func unreachable(err error) bool {
 	var ne net.Error
 	if errors.As(err, &ne) {
@@ -162,6 +177,15 @@ func unreachable(err error) bool {
 	}
 	for _, errno := range []syscall.Errno{syscall.ECONNREFUSED, syscall.ECONNRESET, syscall.ECONNABORTED, syscall.EHOSTUNREACH, syscall.ENETUNREACH, syscall.ETIMEDOUT} {
 		if errors.Is(err, errno) {
+			return true
+		}
+	}
+	// MySQL refused the login or does not have the database: the store
+	// cannot be used, as if it could not be reached.
+	var me *mysql.MySQLError
+	if errors.As(err, &me) {
+		switch me.Number {
+		case mysqlDBAccessDenied, mysqlAccessDenied, mysqlBadDB, mysqlAccessDeniedNoPassword:
 			return true
 		}
 	}
@@ -173,16 +197,28 @@ func unreachable(err error) bool {
 	var coded interface{ Code() int }
 	if isSQLite && errors.As(err, &coded) {
 		switch coded.Code() & 0xFF {
-		case sqliteIOErr, sqliteCantOpen, sqliteNotADB:
+		case sqliteIOErr, sqliteCantOpen, sqliteNotADB, sqliteReadOnly:
 			return true
 		}
+	}
+	if errors.As(err, &oe) && (errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission)) {
+		return true // a database file that is missing or cannot be read
 	}
 	return false
 }
 
 // sqliteOpenError marks an error from opening a sqlite:// store, so that
 // unreachable may read its SQLite result code.
-type sqliteOpenError struct{ err error }
+type sqliteOpenError struct {
+	err      error
+	readOnly bool // opened read-only for a command that only reads
+}
 
-func (e *sqliteOpenError) Error() string { return e.err.Error() }
+func (e *sqliteOpenError) Error() string {
+	if e.readOnly && errors.Is(e.err, fs.ErrNotExist) {
+		return e.err.Error() + " (commands that only read never create a database: check the path, or create it with 'warden migrate')"
+	}
+	return e.err.Error()
+}
+
 func (e *sqliteOpenError) Unwrap() error { return e.err }

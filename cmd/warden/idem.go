@@ -11,10 +11,11 @@ import (
 func idemCommands() []*command {
 	return []*command{
 		{
-			path:    "idem ls",
-			args:    "[PATTERN]",
-			summary: "list idempotency keys with their status",
-			maxArgs: 1,
+			path:     "idem ls",
+			readOnly: true,
+			args:     "[PATTERN]",
+			summary:  "list idempotency keys with their status",
+			maxArgs:  1,
 			help: `
 Lists the live idempotency records whose keys match the glob PATTERN ('*'
 any run, '?' one character, '\' escapes; default: all), sorted by key:
@@ -25,11 +26,12 @@ removed).`,
 			setup:   noFlags(idemLs),
 		},
 		{
-			path:    "idem show",
-			args:    "KEY",
-			summary: "show an idempotency record and its stored result",
-			need:    []string{"KEY"},
-			maxArgs: 1,
+			path:     "idem show",
+			readOnly: true,
+			args:     "KEY",
+			summary:  "show an idempotency record and its stored result",
+			need:     []string{"KEY"},
+			maxArgs:  1,
 			help: `
 Shows the idempotency record KEY: status, owner, request fingerprint,
 creation and expiry, and the stored result (-o json: exact bytes, as text or

@@ -63,10 +63,11 @@ warden lock run nightly-report --no-wait --ttl 1m -- sh -c 'echo "token $WARDEN_
 			},
 		},
 		{
-			path:    "lock ls",
-			args:    "[PATTERN]",
-			summary: "list the locks held, with owner, fencing token and expiry",
-			maxArgs: 1,
+			path:     "lock ls",
+			readOnly: true,
+			args:     "[PATTERN]",
+			summary:  "list the locks held, with owner, fencing token and expiry",
+			maxArgs:  1,
 			help: `
 Lists the locks currently held whose keys match the glob PATTERN ('*' any
 run, '?' one character, '\' escapes; default: all), sorted by key.
@@ -75,11 +76,12 @@ Released and expired locks are not shown.`,
 			setup:   noFlags(lockLs),
 		},
 		{
-			path:    "lock show",
-			args:    "KEY",
-			summary: "show who holds a lock, with its fencing token and expiry",
-			need:    []string{"KEY"},
-			maxArgs: 1,
+			path:     "lock show",
+			readOnly: true,
+			args:     "KEY",
+			summary:  "show who holds a lock, with its fencing token and expiry",
+			need:     []string{"KEY"},
+			maxArgs:  1,
 			help: `
 Shows the current holding of the lock KEY: owner, fencing token, when it was
 acquired and when it expires unless renewed. Exits 4 if nobody holds it.`,
@@ -106,10 +108,11 @@ nobody holds the lock.`,
 			},
 		},
 		{
-			path:    "lock watch",
-			args:    "[PATTERN] [--count N]",
-			summary: "print lock events (acquired, released, expired) as they happen",
-			maxArgs: 1,
+			path:     "lock watch",
+			readOnly: true,
+			args:     "[PATTERN] [--count N]",
+			summary:  "print lock events (acquired, released, expired) as they happen",
+			maxArgs:  1,
 			help: `
 Prints an event each time a lock whose key matches the glob PATTERN
 (default: all) is acquired, released or expires, in any process, until

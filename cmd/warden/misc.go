@@ -25,9 +25,10 @@ where the application's database user may not change the schema.`,
 			setup:   noFlags(migrate),
 		},
 		{
-			path:    "ping",
-			summary: "check that the store answers",
-			maxArgs: 0,
+			path:     "ping",
+			readOnly: true,
+			summary:  "check that the store answers",
+			maxArgs:  0,
 			help: `
 Opens the store and checks that it answers, within --timeout. Exits 0 and
 prints the round trip's duration if it does, 5 if it cannot be reached.`,

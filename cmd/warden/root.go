@@ -140,6 +140,7 @@ func (c *cli) leaf(cmd *command, name string) *cobra.Command {
 			}
 		}
 		c.args = pos
+		c.readOnly = cmd.readOnly
 		if err := c.checkGlobals(cc, cmd.path); err != nil {
 			return err
 		}

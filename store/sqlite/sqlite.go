@@ -5,9 +5,11 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"math/rand/v2"
 	"net/url"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -69,6 +71,15 @@ type Options struct {
 	PollInterval time.Duration
 	// Tables names the tables. Empty fields take the defaults.
 	Tables Tables
+	// ReadOnly opens the file for reading only (URL: ?mode=ro): the file
+	// must exist (no file is created; a missing one is an error that
+	// errors.Is(err, fs.ErrNotExist)) and already hold warden's tables;
+	// WAL is not enabled and the schema not touched, and writes fail. When
+	// SQLite cannot open the file even so (a WAL file whose -shm cannot
+	// be created in a read-only directory), it is opened immutable: what
+	// was committed when it was opened. false: read-write, created if
+	// missing.
+	ReadOnly bool
 }
 
 // Tables names the store's tables. An empty field means the default name
@@ -152,6 +163,13 @@ func parseURL(u *url.URL) (string, *Options, error) {
 		MaxValueBytes: q.Int("max_value_bytes", 0),
 		PollInterval:  q.Duration("poll_interval", 0),
 	}
+	switch mode := q.String("mode", ""); mode {
+	case "", "rw", "rwc":
+	case "ro":
+		opts.ReadOnly = true
+	default:
+		return "", nil, fmt.Errorf("%w: mode=%s: want ro (read-only) or rwc (the default)", driver.ErrBadURL, mode)
+	}
 	if err := q.Err(); err != nil {
 		return "", nil, err
 	}
@@ -173,6 +191,7 @@ type config struct {
 	checkpoints string
 	cpTasks     string
 	events      string
+	readOnly    bool
 }
 
 func newConfig(opts *Options) (config, error) {
@@ -191,6 +210,7 @@ func newConfig(opts *Options) (config, error) {
 		checkpoints: opts.Tables.Checkpoints,
 		cpTasks:     opts.Tables.CheckpointTasks,
 		events:      opts.Tables.Events,
+		readOnly:    opts.ReadOnly,
 	}
 	switch {
 	case c.busy < 0:
@@ -254,7 +274,9 @@ func newConfig(opts *Options) (config, error) {
 // it syncs only at checkpoints, and a power loss can roll back the last
 // commits: an acquire, claim or fence the caller was told succeeded could
 // vanish, and its fencing token be handed out again.
-func dsn(path string, busy time.Duration) string {
+//
+// extra is appended as it is: "&mode=ro", "&mode=ro&immutable=1" or "".
+func dsn(path string, busy time.Duration, extra string) string {
 	var b strings.Builder
 	b.WriteString("file:")
 	for i := 0; i < len(path); i++ {
@@ -269,6 +291,7 @@ func dsn(path string, busy time.Duration) string {
 	b.WriteString("?_pragma=busy_timeout(" + strconv.FormatInt(ms, 10) + ")")
 	b.WriteString("&_pragma=synchronous(" + syncMode + ")")
 	b.WriteString("&_txlock=immediate")
+	b.WriteString(extra)
 	return b.String()
 }
 
@@ -307,7 +330,39 @@ func openStore(ctx context.Context, path string, opts *Options) (*store, error) 
 		return nil, errors.New("sqlite: an in-memory database cannot be shared by the store's connections; use the memory:// store")
 	}
 	path = filepath.Clean(path)
-	db, err := sql.Open("sqlite", dsn(path, cfg.busy))
+	if !cfg.readOnly {
+		return openFile(ctx, path, cfg, "")
+	}
+	if _, err := os.Stat(path); err != nil {
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		}
+		return nil, fmt.Errorf("sqlite: opening %q read-only: %w", path, err)
+	}
+	s, err := openFile(ctx, path, cfg, "&mode=ro")
+	if code := sqliteCode(err); code == sqlite3.SQLITE_CANTOPEN || code == sqlite3.SQLITE_READONLY {
+		// A WAL file without its -shm in a directory this process cannot
+		// write: no connection has it open, so what is committed is in
+		// the file itself.
+		s, err = openFile(ctx, path, cfg, "&mode=ro&immutable=1")
+	}
+	return s, err
+}
+
+// sqliteCode is the primary SQLite result code of err, or 0.
+func sqliteCode(err error) int {
+	var se *sqlitelib.Error
+	if errors.As(err, &se) {
+		return se.Code() & 0xFF
+	}
+	return 0
+}
+
+// openFile opens the database file at path with the dsn's extra
+// parameters and initialises the store.
+func openFile(ctx context.Context, path string, cfg config, extra string) (*store, error) {
+	db, err := sql.Open("sqlite", dsn(path, cfg.busy, extra))
 	if err != nil {
 		return nil, err
 	}
@@ -383,8 +438,10 @@ func (g *fileGate) close() {
 
 // init switches the file to WAL and creates or upgrades the schema.
 func (s *store) init(ctx context.Context) error {
-	if err := s.enableWAL(ctx); err != nil {
-		return err
+	if !s.cfg.readOnly {
+		if err := s.enableWAL(ctx); err != nil {
+			return err
+		}
 	}
 	var ok bool
 	var legacy legacy
@@ -394,6 +451,9 @@ func (s *store) init(ctx context.Context) error {
 	})
 	if err != nil {
 		return err
+	}
+	if !ok && s.cfg.readOnly {
+		return errors.New("sqlite: the database lacks warden's tables or columns, and was opened read-only (mode=ro): open it read-write once, or run warden migrate, to create them")
 	}
 	if !ok {
 		if legacy, err = s.migrate(ctx); err != nil {
