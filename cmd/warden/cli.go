@@ -18,11 +18,6 @@ import (
 
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
-	_ "github.com/warden-go/warden/store/dynamo" // registers dynamodb://
-	_ "github.com/warden-go/warden/store/memory" // registers memory://
-	_ "github.com/warden-go/warden/store/mongo"  // registers mongodb:// and mongodb+srv://
-	_ "github.com/warden-go/warden/store/mysql"  // registers mysql://
-	_ "github.com/warden-go/warden/store/sqlite" // registers sqlite://
 )
 
 // defaultStore is the store used without --store and WARDEN_STORE: the
