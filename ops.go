@@ -243,7 +243,9 @@ func (c *Circuits) TryProbe(ctx context.Context, name, owner string, openFor, le
 }
 
 // RecordOutcome records an outcome with its counts in one atomic step;
-// see driver.Circuits and driver.Outcome.
+// see driver.Circuits and driver.Outcome. Hooks see it as
+// circuit.record-failure, circuit.record-success or, for
+// driver.OutcomeNone, circuit.record-successes.
 func (c *Circuits) RecordOutcome(ctx context.Context, name string, o driver.Outcome) (rec driver.CircuitRecord, err error) {
 	var aerr error
 	switch {
@@ -260,7 +262,14 @@ func (c *Circuits) RecordOutcome(ctx context.Context, name string, o driver.Outc
 	}
 	var ierr error
 	o.Interval, ierr = optional("counting interval", o.Interval)
-	err = c.s.check(ctx, "circuit.record-outcome", name, firstErr(ValidateKey(name), aerr, ierr), func() (err error) {
+	op := "circuit.record-successes"
+	switch o.Kind {
+	case driver.OutcomeFailure:
+		op = "circuit.record-failure"
+	case driver.OutcomeSuccess:
+		op = "circuit.record-success"
+	}
+	err = c.s.check(ctx, op, name, firstErr(ValidateKey(name), aerr, ierr), func() (err error) {
 		rec, err = c.d.RecordOutcome(ctx, name, o)
 		return err
 	})

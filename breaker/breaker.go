@@ -96,6 +96,19 @@ import (
 // State is the state of a circuit: Closed, Open or HalfOpen.
 type State = driver.CircuitState
 
+// Counts are a circuit's fleet-wide counts, passed to
+// Options.ReadyToTrip. They have gobreaker's shape (Requests,
+// TotalSuccesses, TotalFailures, ConsecutiveSuccesses,
+// ConsecutiveFailures, all uint32, in that order), so a gobreaker
+// ReadyToTrip function can be reused through a conversion:
+//
+//	ReadyToTrip: func(c breaker.Counts) bool { return tripFn(gobreaker.Counts(c)) }
+//
+// In the closed state they count the outcomes of the current period (see
+// Options.Interval); Requests is TotalSuccesses + TotalFailures (calls
+// still running are not counted).
+type Counts = driver.Counts
+
 // The circuit states.
 const (
 	// Closed: calls run.
@@ -181,8 +194,41 @@ func (e *OpenError) Unwrap() error { return e.StoreErr }
 // Options configure a Breaker. The zero value (or nil) gives the defaults.
 type Options struct {
 	// Threshold is the number of consecutive failures, counted across every
-	// process sharing the circuit, that opens it. 0: DefaultThreshold (5).
+	// process sharing the circuit, that opens it: the store opens the
+	// circuit in the same atomic step that counts the Threshold-th failure.
+	// 0: DefaultThreshold (5), unless ReadyToTrip is set; Threshold and
+	// ReadyToTrip cannot both be set.
 	Threshold int
+	// ReadyToTrip, if set, decides instead of Threshold when the circuit
+	// opens, as gobreaker's ReadyToTrip does: after every failure counted
+	// in the closed state it is called with the circuit's fleet-wide Counts
+	// as that failure left them, and true opens the circuit. A Go function
+	// cannot run in the store, so the Breaker opens the circuit with a
+	// second, conditional write (driver.Circuits.Trip) that applies only if
+	// nobody changed the circuit since those counts; otherwise it decides
+	// again on the newer counts. Concurrent failures anywhere in the fleet
+	// are all counted, and the circuit opens once.
+	//
+	// The counts are exact for failures. Successes in the closed state are
+	// not written one by one (the steady closed success path stays
+	// write-free): each Breaker counts them locally and writes them with
+	// its next write — a failure, the first success after failures, or,
+	// while the circuit has failures in its period, its periodic read
+	// (which then becomes a write, at most every SyncInterval). So
+	// TotalSuccesses and Requests lag by the successes of other processes
+	// since their last write. Successes whose write fails are not counted.
+	//
+	// ReadyToTrip is called from the Breaker's own goroutines and, while
+	// the store is unreachable, with the Breaker's lock held, on the local
+	// view's counts: it must be quick and must not call the Breaker. A
+	// panic in it counts as false and is logged.
+	ReadyToTrip func(counts Counts) bool
+	// Interval is gobreaker's Interval: the length of the closed state's
+	// counting period. A write that finds the period over (by the store's
+	// clock) resets the counts (ConsecutiveFailures included) before
+	// counting and starts a new period. 0: no periods; the counts reset
+	// only when the circuit changes state. At least one millisecond.
+	Interval time.Duration
 	// OpenFor is how long an open circuit rejects calls before a probe is
 	// allowed. 0: DefaultOpenFor (30 s). At least one millisecond.
 	OpenFor time.Duration
@@ -190,10 +236,13 @@ type Options struct {
 	// neither succeeds nor fails within it (it died, or its call is that
 	// slow), another caller may probe. 0: OpenFor.
 	ProbeLease time.Duration
-	// HalfOpenProbes is the number of successful probes in a row that close
-	// the circuit. Probes run one at a time across the fleet: the Breaker
-	// holding the probe slot admits its next call as the next probe, and
-	// every other call is rejected until the circuit closes. 0: 1.
+	// HalfOpenProbes is gobreaker's MaxRequests: the number of probes
+	// that may run at once across the fleet while the circuit is half-open,
+	// and the number of successful probes in a row that close it. Each
+	// probe holds one of HalfOpenProbes slots in the shared record (a
+	// probe's success frees its slot; the slots lapse ProbeLease after the
+	// newest grant, so a dead prober's slot is free again then), and every
+	// other call is rejected. A failed probe re-opens the circuit. 0: 1.
 	HalfOpenProbes int
 	// IsFailure decides which errors of fn count as failures; an error it
 	// rejects counts as a success (the dependency answered). Nil: every
@@ -269,21 +318,23 @@ type Stats struct {
 // and namespace share the circuit. A Breaker is safe for concurrent use.
 // Call Close when done with it to stop its notification subscription.
 type Breaker struct {
-	st         *warden.Store
-	circ       *warden.Circuits
-	log        *slog.Logger
-	name       string
-	owner      string
-	threshold  int
-	openFor    time.Duration
-	probeLease time.Duration
-	probes     int
-	syncEvery  time.Duration
-	isFailure  func(error) bool
-	failClosed bool
-	onChange   func(string, State, State)
-	canWatch   bool
-	storeTime  time.Duration
+	st          *warden.Store
+	circ        *warden.Circuits
+	log         *slog.Logger
+	name        string
+	owner       string
+	threshold   int
+	readyToTrip func(Counts) bool
+	interval    time.Duration
+	openFor     time.Duration
+	probeLease  time.Duration
+	probes      int
+	syncEvery   time.Duration
+	isFailure   func(error) bool
+	failClosed  bool
+	onChange    func(string, State, State)
+	canWatch    bool
+	storeTime   time.Duration
 
 	probeSeq atomic.Uint64
 
@@ -303,9 +354,10 @@ type Breaker struct {
 	watching  bool                 // a notification stream is live
 	storeDown bool
 	storeErr  error
-	probing   bool   // a probe of this Breaker is running
-	chain     string // the probe owner id this Breaker holds the slot with
-	chainOK   int    // successful probes in the current chain
+	probing   int    // probes of this Breaker running
+	chain     string // a probe slot id an inconclusive probe left to reuse
+	localFail int64  // failures counted locally since the last record
+	unflushed int64  // closed-state successes not yet written (ReadyToTrip)
 
 	writers int           // outcome writes in flight
 	drained chan struct{} // closed when writers drops to 0
@@ -341,6 +393,10 @@ func New(st *warden.Store, name string, opts *Options) (*Breaker, error) {
 	switch {
 	case o.Threshold < 0:
 		return nil, bad("negative threshold %d", o.Threshold)
+	case o.Threshold > 0 && o.ReadyToTrip != nil:
+		return nil, bad("Threshold %d and ReadyToTrip both set (ReadyToTrip decides alone; express the threshold in it)", o.Threshold)
+	case o.Interval < 0 || (o.Interval > 0 && o.Interval < time.Millisecond):
+		return nil, bad("Interval %v is under one millisecond", o.Interval)
 	case o.HalfOpenProbes < 0:
 		return nil, bad("negative HalfOpenProbes %d", o.HalfOpenProbes)
 	case o.OpenFor < 0 || (o.OpenFor > 0 && o.OpenFor < time.Millisecond):
@@ -352,7 +408,7 @@ func New(st *warden.Store, name string, opts *Options) (*Breaker, error) {
 	case o.StoreTimeout < 0:
 		return nil, bad("negative StoreTimeout %v", o.StoreTimeout)
 	}
-	if o.Threshold == 0 {
+	if o.Threshold == 0 && o.ReadyToTrip == nil {
 		o.Threshold = DefaultThreshold
 	}
 	if o.OpenFor == 0 {
@@ -380,23 +436,25 @@ func New(st *warden.Store, name string, opts *Options) (*Breaker, error) {
 	}
 	circ := st.Circuits()
 	b := &Breaker{
-		st:         st,
-		circ:       circ,
-		log:        st.Logger(),
-		name:       name,
-		owner:      o.Owner,
-		threshold:  o.Threshold,
-		openFor:    o.OpenFor,
-		probeLease: o.ProbeLease,
-		probes:     o.HalfOpenProbes,
-		syncEvery:  o.SyncInterval,
-		isFailure:  o.IsFailure,
-		failClosed: o.FailClosed,
-		onChange:   o.OnStateChange,
-		canWatch:   circ.CanWatch(),
-		storeTime:  o.StoreTimeout,
-		state:      Closed,
-		rec:        driver.CircuitRecord{Name: name, State: Closed},
+		st:          st,
+		circ:        circ,
+		log:         st.Logger(),
+		name:        name,
+		owner:       o.Owner,
+		threshold:   o.Threshold,
+		readyToTrip: o.ReadyToTrip,
+		interval:    o.Interval,
+		openFor:     o.OpenFor,
+		probeLease:  o.ProbeLease,
+		probes:      o.HalfOpenProbes,
+		syncEvery:   o.SyncInterval,
+		isFailure:   o.IsFailure,
+		failClosed:  o.FailClosed,
+		onChange:    o.OnStateChange,
+		canWatch:    circ.CanWatch(),
+		storeTime:   o.StoreTimeout,
+		state:       Closed,
+		rec:         driver.CircuitRecord{Name: name, State: Closed},
 	}
 	return b, nil
 }
@@ -585,6 +643,7 @@ const (
 type ticket struct {
 	kind ticketKind
 	gen  int64
+	id   string // probeCall: the probe slot's owner id
 }
 
 type outcome int
@@ -627,7 +686,7 @@ func (b *Breaker) admit(ctx context.Context) (ticket, error) {
 		return ticket{kind: normalCall, gen: gen}, nil
 	}
 	// Open or half-open: only a probe may run, one at a time per Breaker.
-	if b.probing || (b.chain == "" && now.Before(b.nextProbe)) {
+	if b.probing >= b.probes || (b.chain == "" && now.Before(b.nextProbe)) {
 		err := b.rejectLocked(now)
 		b.unlock()
 		return ticket{}, err
@@ -636,27 +695,28 @@ func (b *Breaker) admit(ctx context.Context) (ticket, error) {
 		// Fail open on the local view, whose open period has passed: this
 		// call is a local probe. (The periodic read finds out when the
 		// store answers again.)
-		b.probing = true
+		b.probing++
 		b.mu.Unlock()
 		return ticket{kind: localProbe}, nil
 	}
 	id := b.chain
+	b.chain = ""
 	if id == "" {
 		id = b.owner + "." + strconv.FormatUint(b.probeSeq.Add(1), 10)
 	}
-	b.probing = true
+	b.probing++
 	start := b.seq
 	b.mu.Unlock()
 
 	sctx, cancel := b.storeCtx(ctx)
-	rec, granted, err := b.circ.TryProbe(sctx, b.name, id, b.openFor, b.probeLease)
+	rec, granted, err := b.circ.TryProbes(sctx, b.name, id, b.openFor, b.probeLease, b.probes)
 	cancel()
 
 	b.mu.Lock()
 	defer b.unlock()
 	now = time.Now()
 	if err != nil {
-		b.probing = false
+		b.probing--
 		if cerr := ctxErr(ctx, err); cerr != nil {
 			// The slot may have been granted: keep the id so that the
 			// next call renews it instead of waiting for it to lapse.
@@ -668,17 +728,16 @@ func (b *Breaker) admit(ctx context.Context) (ticket, error) {
 		if b.failClosed {
 			return ticket{}, b.rejectLocked(now)
 		}
-		b.probing = true
+		b.probing++
 		return ticket{kind: localProbe}, nil
 	}
 	b.storeOKLocked()
 	b.applyLocked(rec, start, fromRead)
 	if granted {
-		b.chain = id
 		b.probesGranted.Add(1)
-		return ticket{kind: probeCall, gen: rec.Generation()}, nil
+		return ticket{kind: probeCall, gen: rec.Generation(), id: id}, nil
 	}
-	b.probing = false
+	b.probing--
 	if b.state == Closed {
 		return ticket{kind: normalCall, gen: b.rec.Generation()}, nil
 	}
@@ -709,10 +768,13 @@ func (b *Breaker) finish(ctx context.Context, t ticket, out outcome) {
 	case outcomeIgnored:
 		b.ignored.Add(1)
 		if t.kind != normalCall {
-			// An inconclusive probe: the slot stays ours (b.chain), so the
+			// An inconclusive probe: its slot stays ours (b.chain), so the
 			// next call may probe at once.
 			b.mu.Lock()
-			b.probing = false
+			b.probing--
+			if t.kind == probeCall {
+				b.chain = t.id
+			}
 			b.mu.Unlock()
 		}
 	case outcomeSuccess:
@@ -728,8 +790,12 @@ func (b *Breaker) succeeded(ctx context.Context, t ticket) {
 	b.mu.Lock()
 	switch t.kind {
 	case normalCall:
-		// Write only the first success after failures.
+		// Write only the first success after failures; with ReadyToTrip
+		// the others are counted with the next write.
 		if b.state != Closed || b.resetting || b.fails == 0 {
+			if b.readyToTrip != nil && b.state == Closed {
+				b.unflushed++
+			}
 			b.mu.Unlock()
 			return
 		}
@@ -739,32 +805,25 @@ func (b *Breaker) succeeded(ctx context.Context, t ticket) {
 			return
 		}
 		b.resetting = true
-	case probeCall:
-		b.chainOK++
-		if b.chainOK < b.probes {
-			b.probing = false // the next call is the next probe
-			b.mu.Unlock()
-			return
-		}
 	case localProbe:
-		b.probing = false
-		b.chain, b.chainOK = "", 0
+		b.probing--
+		b.chain = ""
 		b.fails = 0
 		b.setStateLocked(Closed)
 		b.unlock()
 		return
 	}
+	o := b.outcomeLocked(driver.OutcomeSuccess, t)
 	start := b.seq
 	b.mu.Unlock()
 
 	b.write(ctx, func(wctx context.Context) (driver.CircuitRecord, error) {
-		return b.circ.RecordSuccessGen(wctx, b.name, t.gen)
+		return b.circ.RecordOutcome(wctx, b.name, o)
 	}, func(wctx context.Context, rec driver.CircuitRecord, err error) {
 		if t.kind == normalCall {
 			b.resetting = false
 		} else {
-			b.probing = false
-			b.chain, b.chainOK = "", 0
+			b.probing--
 		}
 		if err != nil {
 			b.storeFailedLocked(b.storeErrLocked(wctx, err))
@@ -794,20 +853,24 @@ func (b *Breaker) failed(ctx context.Context, t ticket) {
 			return
 		}
 	case localProbe:
-		b.probing = false
+		b.probing--
 		b.openLocallyLocked(time.Now())
 		b.unlock()
 		return
 	}
+	o := b.outcomeLocked(driver.OutcomeFailure, t)
 	start := b.seq
 	b.mu.Unlock()
 
 	b.write(ctx, func(wctx context.Context) (driver.CircuitRecord, error) {
-		return b.circ.RecordFailureGen(wctx, b.name, b.threshold, t.gen)
+		rec, err := b.circ.RecordOutcome(wctx, b.name, o)
+		if err != nil || b.readyToTrip == nil || t.kind != normalCall {
+			return rec, err
+		}
+		return b.tripIfReady(wctx, rec, t.gen)
 	}, func(wctx context.Context, rec driver.CircuitRecord, err error) {
 		if t.kind == probeCall {
-			b.probing = false
-			b.chain, b.chainOK = "", 0
+			b.probing--
 		}
 		if err != nil {
 			b.storeFailedLocked(b.storeErrLocked(wctx, err))
@@ -862,14 +925,79 @@ func (b *Breaker) write(ctx context.Context, op func(wctx context.Context) (driv
 // held.
 func (b *Breaker) countLocallyLocked() {
 	b.fails++
-	if b.state == Closed && b.fails >= int64(b.threshold) {
+	b.localFail++
+	if b.state != Closed {
+		return
+	}
+	if b.readyToTrip == nil && b.fails >= int64(b.threshold) ||
+		b.readyToTrip != nil && b.ready(b.localCountsLocked()) {
 		b.openLocallyLocked(time.Now())
 	}
 }
 
+// localCountsLocked returns the counts of the last record with the
+// failures counted locally since, and the successes not yet written;
+// b.mu is held.
+func (b *Breaker) localCountsLocked() Counts {
+	r := b.rec
+	r.TotalFailures += b.localFail
+	r.Successes += b.unflushed
+	r.Failures = b.fails
+	return r.Counts()
+}
+
+// outcomeLocked returns the outcome to write for a call of ticket t, with
+// the closed-state successes not yet written; b.mu is held.
+func (b *Breaker) outcomeLocked(kind driver.OutcomeKind, t ticket) driver.Outcome {
+	o := driver.Outcome{Kind: kind, Gen: t.gen, CloseAfter: b.probes, Interval: b.interval}
+	if kind == driver.OutcomeFailure && b.readyToTrip == nil {
+		o.Threshold = b.threshold
+	}
+	if t.kind == normalCall {
+		o.Successes, b.unflushed = b.unflushed, 0
+	}
+	return o
+}
+
+// tripIfReady opens the circuit with Trip if ReadyToTrip says so on the
+// counts of rec, the record the failure of generation gen returned: Trip
+// applies only if the circuit is still at rec's version, and on a newer
+// version the decision is made again on its counts.
+func (b *Breaker) tripIfReady(ctx context.Context, rec driver.CircuitRecord, gen int64) (driver.CircuitRecord, error) {
+	if rec.Generation() != gen {
+		return rec, nil // the failure was not counted: its generation is over
+	}
+	for range maxTripAttempts {
+		if rec.State != Closed || !b.ready(rec.Counts()) {
+			return rec, nil
+		}
+		next, tripped, err := b.circ.Trip(ctx, b.name, rec.Version)
+		if err != nil || tripped {
+			return next, err
+		}
+		rec = next
+	}
+	return rec, nil
+}
+
+// maxTripAttempts bounds the Trips of one failure: each one that does not
+// apply means another process changed the circuit, and decides again.
+const maxTripAttempts = 16
+
+// ready calls ReadyToTrip; a panic in it counts as false and is logged.
+func (b *Breaker) ready(c Counts) (ok bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			b.log.Error("breaker: ReadyToTrip panicked", "circuit", b.name, "panic", r)
+			ok = false
+		}
+	}()
+	return b.readyToTrip(c)
+}
+
 // openLocallyLocked opens the local view without the store; b.mu is held.
 func (b *Breaker) openLocallyLocked(now time.Time) {
-	b.chain, b.chainOK = "", 0
+	b.chain = ""
 	b.nextProbe = now.Add(b.openFor)
 	b.setStateLocked(Open)
 }
@@ -932,8 +1060,8 @@ func (b *Breaker) applyLocked(rec driver.CircuitRecord, start uint64, src source
 			}
 		}
 	case HalfOpen:
-		if prevState != HalfOpen || prev.ProbeOwner != rec.ProbeOwner || !prev.ProbeUntil.Equal(rec.ProbeUntil) {
-			if src != fromRead {
+		if prevState != HalfOpen || prev.ProbeOwner != rec.ProbeOwner || !prev.ProbeUntil.Equal(rec.ProbeUntil) || prev.Probes != rec.Probes {
+			if src != fromRead && rec.Probes >= int64(b.probes) {
 				// The slot was granted at UpdatedAt and lapses at ProbeUntil.
 				b.nextProbe = now.Add(max(rec.ProbeUntil.Sub(rec.UpdatedAt), 0))
 			} else {
@@ -942,8 +1070,9 @@ func (b *Breaker) applyLocked(rec driver.CircuitRecord, start uint64, src source
 		}
 	}
 	if rec.State != HalfOpen || rec.ProbeOwner != b.chain {
-		b.chain, b.chainOK = "", 0
+		b.chain = ""
 	}
+	b.localFail = 0
 	b.setStateLocked(rec.State)
 }
 
@@ -1026,10 +1155,24 @@ func (b *Breaker) maybeSync(ctx context.Context) error {
 	prevSync, prevResync := b.lastSync, b.resyncing
 	b.syncing, b.resyncing, b.lastSync = true, false, now
 	start := b.seq
+	// While the circuit has failures in its period, the successes not yet
+	// written matter to ReadyToTrip elsewhere in the fleet: the read
+	// writes them (and returns the record as a read does).
+	var flush driver.Outcome
+	if b.unflushed > 0 && b.state == Closed && !b.storeDown && (b.rec.TotalFailures > 0 || b.rec.Failures > 0) {
+		flush = driver.Outcome{Kind: driver.OutcomeNone, Gen: b.rec.Generation(), Successes: b.unflushed, Interval: b.interval}
+		b.unflushed = 0
+	}
 	b.mu.Unlock()
 
 	sctx, cancel := b.storeCtx(ctx)
-	rec, _, err := b.circ.Get(sctx, b.name)
+	var rec driver.CircuitRecord
+	var err error
+	if flush.Successes > 0 {
+		rec, err = b.circ.RecordOutcome(sctx, b.name, flush)
+	} else {
+		rec, _, err = b.circ.Get(sctx, b.name)
+	}
 	cancel()
 
 	b.mu.Lock()

@@ -235,8 +235,9 @@ func TestFailedProbeReopens(t *testing.T) {
 	}
 }
 
-// HalfOpenProbes: 2 successful probes in a row, by the slot's holder, close
-// the circuit; others are rejected meanwhile.
+// HalfOpenProbes (gobreaker's MaxRequests): 2 probes run at once across
+// the fleet, every other call is rejected meanwhile, and 2 successes in a
+// row close the circuit.
 func TestHalfOpenProbes(t *testing.T) {
 	t.Parallel()
 	const openFor = 50 * time.Millisecond
@@ -245,26 +246,52 @@ func TestHalfOpenProbes(t *testing.T) {
 	opts := &breaker.Options{Threshold: 1, OpenFor: openFor, HalfOpenProbes: 2, ProbeLease: time.Minute}
 	a := newBreaker(t, st, "api", opts)
 	b := newBreaker(t, openStore(t, db, nil), "api", opts)
-	openAll(t, []*breaker.Breaker{a, b})
+	c := newBreaker(t, openStore(t, db, nil), "api", opts)
+	openAll(t, []*breaker.Breaker{a, b, c})
 	time.Sleep(openFor + 20*time.Millisecond)
 
-	if err := a.Do(context.Background(), succeed); err != nil {
+	// Two probes, in two processes, held inside fn.
+	started, release := make(chan struct{}, 2), [2]chan struct{}{make(chan struct{}), make(chan struct{})}
+	done := make(chan error, 2)
+	for i, p := range []*breaker.Breaker{a, b} {
+		go func() {
+			done <- p.Do(context.Background(), func(context.Context) error {
+				started <- struct{}{}
+				<-release[i]
+				return nil
+			})
+		}()
+	}
+	for range 2 {
+		select {
+		case <-started:
+		case err := <-done:
+			t.Fatalf("a probe did not run: %v", err)
+		}
+	}
+	if rec := record(t, st, "api"); rec.State != breaker.HalfOpen || rec.Probes != 2 {
+		t.Fatalf("with two probes running: %s with %d probe slots", rec.State, rec.Probes)
+	}
+	for _, p := range []*breaker.Breaker{c, a} {
+		err := p.Do(context.Background(), succeed)
+		var oe *breaker.OpenError
+		if !errors.As(err, &oe) || oe.State != breaker.HalfOpen {
+			t.Fatalf("a third call while two probes run: %v", err)
+		}
+	}
+	close(release[0])
+	if err := <-done; err != nil {
 		t.Fatalf("first probe: %v", err)
 	}
-	if rec := record(t, st, "api"); rec.State != breaker.HalfOpen {
-		t.Fatalf("after one of two probes: %s", rec.State)
+	if rec := record(t, st, "api"); rec.State != breaker.HalfOpen || rec.ConsecutiveSuccesses != 1 || rec.Probes != 1 {
+		t.Fatalf("after one of two successes: %s, %d successes, %d probe slots", rec.State, rec.ConsecutiveSuccesses, rec.Probes)
 	}
-	testkit.Eventually(t, 5*time.Second, "b sees half-open", func() bool { return b.Stats().State == breaker.HalfOpen })
-	err := b.Do(context.Background(), succeed)
-	var oe *breaker.OpenError
-	if !errors.As(err, &oe) || oe.State != breaker.HalfOpen {
-		t.Fatalf("another process during the probes: %v", err)
-	}
-	if err := a.Do(context.Background(), succeed); err != nil {
+	close(release[1])
+	if err := <-done; err != nil {
 		t.Fatalf("second probe: %v", err)
 	}
 	if rec := record(t, st, "api"); rec.State != breaker.Closed {
-		t.Fatalf("after two probes: %s", rec.State)
+		t.Fatalf("after two successful probes: %s", rec.State)
 	}
 }
 

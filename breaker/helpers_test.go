@@ -19,7 +19,7 @@ import (
 // circuitWrites counts the circuit operations that change the record.
 func circuitWrites(ops *testkit.OpCounter) int {
 	return ops.Sum(func(op string) bool {
-		return strings.HasPrefix(op, "circuit.record-") || op == "circuit.try-probe" || op == "circuit.set"
+		return strings.HasPrefix(op, "circuit.record-") || op == "circuit.try-probe" || op == "circuit.set" || op == "circuit.trip"
 	})
 }
 
@@ -90,6 +90,27 @@ func (c flakyCircuits) TryProbe(ctx context.Context, name, owner string, openFor
 		return driver.CircuitRecord{}, false, errDown
 	}
 	return c.Circuits.TryProbe(ctx, name, owner, openFor, lease)
+}
+
+func (c flakyCircuits) RecordOutcome(ctx context.Context, name string, o driver.Outcome) (driver.CircuitRecord, error) {
+	if c.f.down.Load() {
+		return driver.CircuitRecord{}, errDown
+	}
+	return c.Circuits.RecordOutcome(ctx, name, o)
+}
+
+func (c flakyCircuits) Trip(ctx context.Context, name string, version int64) (driver.CircuitRecord, bool, error) {
+	if c.f.down.Load() {
+		return driver.CircuitRecord{}, false, errDown
+	}
+	return c.Circuits.Trip(ctx, name, version)
+}
+
+func (c flakyCircuits) TryProbes(ctx context.Context, name, owner string, openFor, lease time.Duration, maxProbes int) (driver.CircuitRecord, bool, error) {
+	if c.f.down.Load() {
+		return driver.CircuitRecord{}, false, errDown
+	}
+	return c.Circuits.TryProbes(ctx, name, owner, openFor, lease, maxProbes)
 }
 
 func (c flakyCircuits) Get(ctx context.Context, name string) (driver.CircuitRecord, bool, error) {

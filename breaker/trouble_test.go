@@ -99,6 +99,31 @@ func (c hungCircuits) TryProbe(ctx context.Context, name, owner string, openFor,
 	return c.Circuits.TryProbe(ctx, name, owner, openFor, lease)
 }
 
+func (c hungCircuits) RecordOutcome(ctx context.Context, name string, o driver.Outcome) (driver.CircuitRecord, error) {
+	op := "success"
+	if o.Kind == driver.OutcomeFailure {
+		op = "failure"
+	}
+	if err := c.h.block(ctx, op); err != nil {
+		return driver.CircuitRecord{}, err
+	}
+	return c.Circuits.RecordOutcome(ctx, name, o)
+}
+
+func (c hungCircuits) Trip(ctx context.Context, name string, version int64) (driver.CircuitRecord, bool, error) {
+	if err := c.h.block(ctx, "failure"); err != nil {
+		return driver.CircuitRecord{}, false, err
+	}
+	return c.Circuits.Trip(ctx, name, version)
+}
+
+func (c hungCircuits) TryProbes(ctx context.Context, name, owner string, openFor, lease time.Duration, maxProbes int) (driver.CircuitRecord, bool, error) {
+	if err := c.h.block(ctx, "probe"); err != nil {
+		return driver.CircuitRecord{}, false, err
+	}
+	return c.Circuits.TryProbes(ctx, name, owner, openFor, lease, maxProbes)
+}
+
 func (c hungCircuits) Get(ctx context.Context, name string) (driver.CircuitRecord, bool, error) {
 	if err := c.h.block(ctx, "get"); err != nil {
 		return driver.CircuitRecord{}, false, err
