@@ -52,6 +52,9 @@ func Cases() []Case {
 	if ep := os.Getenv(dynamoEnv); ep != "" {
 		cases = append(cases, dynamoCases(ep)...)
 	}
+	if u := os.Getenv(redisEnv); u != "" {
+		cases = append(cases, redisCases(u)...)
+	}
 	return cases
 }
 

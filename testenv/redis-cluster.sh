@@ -20,6 +20,10 @@ if [ "${1:-}" = stop ]; then
   exit 0
 fi
 
+if [ -n "${WARDEN_TEST_REDIS_CLUSTER_ADDRS:-}" ]; then
+  echo "export WARDEN_TEST_REDIS_CLUSTER_ADDRS='$WARDEN_TEST_REDIS_CLUSTER_ADDRS'"
+  exit 0
+fi
 addrs=()
 for p in $ports; do
   addrs+=("127.0.0.1:$p")

@@ -68,7 +68,7 @@ ensure_redis() {
 # testenv/ferretdb or testenv/dynalite).
 [ -f "$root/store/postgres/go.mod" ] && ensure_postgres
 [ -f "$root/store/mysql/go.mod" ] && ensure_mariadb
-[ -f "$root/store/redis/go.mod" ] && ensure_redis
+[ -f "$root/store/redis/go.mod" ] && ensure_redis && "$root/testenv/redis-cluster.sh"
 # MongoDB (FerretDB embedded in testenv/ferretdb) and DynamoDB (dynalite from
 # testenv/dynalite): each folder's up.sh builds or installs, starts on a free
 # loopback port, and prints its export line.

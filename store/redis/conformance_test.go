@@ -6,6 +6,9 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/drivertest"
@@ -80,14 +83,64 @@ func proxiedURL(t testing.TB, prefix, proxyAddr string) string {
 	return p.String()
 }
 
+// openURL returns a Harness.Open that opens stores by URL and deletes the
+// namespace's keys when the check ends.
 func openURL(u func(testing.TB, string) string) func(testing.TB, string) *warden.Store {
 	return func(t testing.TB, prefix string) *warden.Store {
 		st, err := redis.Open(context.Background(), u(t, prefix), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
+		cleanNamespace(t, u(t, ""), prefix)
 		return st
 	}
+}
+
+// cleanNamespace deletes every key of namespace prefix on the server of
+// rawURL when t ends, so that test runs do not fill the server.
+func cleanNamespace(t testing.TB, rawURL, prefix string) {
+	if prefix == "" || strings.ContainsAny(prefix, "*?[]\\") {
+		return
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		p, err := url.Parse(rawURL)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		addrs := append([]string{p.Host}, p.Query()["addr"]...)
+		var c goredis.UniversalClient
+		if p.Query().Get("cluster") == "true" {
+			c = goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: addrs})
+		} else {
+			o, err := goredis.ParseURL((&url.URL{Scheme: p.Scheme, User: p.User, Host: p.Host, Path: p.Path}).String())
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			c = goredis.NewClient(o)
+		}
+		defer c.Close()
+		del := func(ctx context.Context, c goredis.UniversalClient) error {
+			iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+			for iter.Next(ctx) {
+				if err := c.Del(ctx, iter.Val()).Err(); err != nil {
+					return err
+				}
+			}
+			return iter.Err()
+		}
+		if cc, ok := c.(*goredis.ClusterClient); ok {
+			err = cc.ForEachMaster(ctx, func(ctx context.Context, n *goredis.Client) error { return del(ctx, n) })
+		} else {
+			err = del(ctx, c)
+		}
+		if err != nil {
+			t.Errorf("deleting namespace %q: %v", prefix, err)
+		}
+	})
 }
 
 // TestConformance runs the whole conformance suite — driver checks and the

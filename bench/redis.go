@@ -1,0 +1,387 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net/url"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/bsm/redislock"
+	"github.com/go-redsync/redsync/v4"
+	redsyncgoredis "github.com/go-redsync/redsync/v4/redis/goredis/v9"
+	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
+	"github.com/redis/rueidis/rueidislock"
+	"github.com/warden-go/warden/lock"
+	_ "github.com/warden-go/warden/store/redis" // registers redis://
+)
+
+// redisEnv names the Redis server of the benchmarks, as in the tests;
+// without it the redis cases are left out.
+const redisEnv = "WARDEN_TEST_REDIS_URL"
+
+// Redis groups. Contention: 8 goroutines take turns on one key, each
+// holding it 1 ms; the time per operation is wall time per acquisition
+// (1e6 / it = acquisitions per second), and go test -bench also shows
+// acq/s and the fewest and most acquisitions of one worker (fairness).
+const (
+	redisCycleGroup   = "redis lock cycle (uncontended acquire + release)"
+	redisContendGroup = "redis 8-way contention on one key, hold 1 ms (µs per acquisition)"
+	redisHandoffGroup = "redis lock hand-off (p50 µs, release → waiter on another connection)"
+	// HandoffP99Metric is the 99th percentile of a Redis hand-off case.
+	HandoffP99Metric = "handoff-p99-µs"
+)
+
+// redisCases returns the Redis groups, measured on the server at base (a
+// redis:// URL): warden against github.com/go-redsync/redsync/v4,
+// github.com/bsm/redislock, github.com/redis/rueidis/rueidislock and the
+// raw SET NX PX + compare-and-delete pair.
+func redisCases(base string) []Case {
+	type peer struct {
+		name string
+		// mk returns a locker with connections of its own; lockers made
+		// with the same ns share the namespace (warden's prefix).
+		mk func(b *testing.B, ns string) redisLocker
+	}
+	peers := []peer{
+		{"raw SET NX PX + compare-and-delete (go-redis; waiters poll every 1 ms)", newRawRedis},
+		{"warden lock.Locker (waiters: pub/sub)", newWardenRedis},
+		{"bsm/redislock (waiters: 10 ms linear back-off)", newRedislock},
+		{"go-redsync/redsync/v4 (one pool; waiters: its default 50–250 ms delay)", newRedsync},
+		{"rueidislock (KeyMajority 1; waiters: client-side-caching invalidation)", newRueidislock},
+	}
+	var cases []Case
+	for i, p := range peers {
+		cases = append(cases, Case{Group: redisCycleGroup, Name: p.name, Baseline: i == 0,
+			Run: func(b *testing.B) { redisCycle(b, p.mk(b, redisURL(base))) }})
+	}
+	cases = append(cases, Case{Group: redisCycleGroup, Name: "warden primitives Acquire + Release (no lease)",
+		Run: func(b *testing.B) { primitiveCycle(b, redisURL(base)) }})
+	for i, p := range peers {
+		cases = append(cases, Case{Group: redisContendGroup, Name: p.name, Baseline: i == 0,
+			Run: func(b *testing.B) {
+				ns := redisURL(base)
+				redisContend(b, func() redisLocker { return p.mk(b, ns) })
+			}})
+	}
+	for _, p := range peers {
+		cases = append(cases, Case{Group: redisHandoffGroup, Name: p.name, Metric: HandoffMetric,
+			Run: func(b *testing.B) {
+				ns := redisURL(base)
+				redisHandoff(b, p.mk(b, ns), p.mk(b, ns))
+			}})
+	}
+	return cases
+}
+
+var redisRuns atomic.Int64
+
+// redisURL is base with a namespace of the run's own.
+func redisURL(base string) string {
+	sep := "?"
+	if u, err := url.Parse(base); err == nil && u.RawQuery != "" {
+		sep = "&"
+	}
+	return fmt.Sprintf("%s%sprefix=bench%d%d%d:", base, sep, os.Getpid(), time.Now().UnixNano(), redisRuns.Add(1))
+}
+
+// redisKey is a key of the run's own for the peers.
+func redisKey() string {
+	return fmt.Sprintf("bench-%d-%d-%d", os.Getpid(), time.Now().UnixNano(), redisRuns.Add(1))
+}
+
+// redisLocker is what every library under comparison offers: take a lock
+// waiting for it, take it without waiting, and release it. Each one owns
+// its connections.
+type redisLocker interface {
+	acquire(ctx context.Context, key string) (release func() error, err error)
+	try(ctx context.Context, key string) (release func() error, ok bool, err error)
+}
+
+// goredisClient opens a go-redis client on base.
+func goredisClient(b *testing.B, base string) *goredis.Client {
+	b.Helper()
+	u, err := url.Parse(base)
+	if err != nil {
+		b.Fatal(err)
+	}
+	u.RawQuery = ""
+	o, err := goredis.ParseURL(u.String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	c := goredis.NewClient(o)
+	b.Cleanup(func() { c.Close() })
+	return c
+}
+
+// ---- raw
+
+type rawRedis struct{ c *goredis.Client }
+
+var rawRelease = goredis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`)
+
+func newRawRedis(b *testing.B, base string) redisLocker { return rawRedis{goredisClient(b, base)} }
+
+func (r rawRedis) try(ctx context.Context, key string) (func() error, bool, error) {
+	val := fmt.Sprint(time.Now().UnixNano())
+	ok, err := r.c.SetNX(ctx, key, val, time.Minute).Result()
+	if err != nil || !ok {
+		return nil, false, err
+	}
+	return func() error {
+		n, err := rawRelease.Run(ctx, r.c, []string{key}, val).Int()
+		if err == nil && n != 1 {
+			err = errors.New("raw release: not held")
+		}
+		return err
+	}, true, nil
+}
+
+func (r rawRedis) acquire(ctx context.Context, key string) (func() error, error) {
+	for {
+		rel, ok, err := r.try(ctx, key)
+		if err != nil || ok {
+			return rel, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// ---- warden
+
+type wardenRedis struct{ l *lock.Locker }
+
+func newWardenRedis(b *testing.B, ns string) redisLocker {
+	l, err := lock.New(open(b, ns), &lock.Options{TTL: time.Minute})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { l.Close() })
+	return wardenRedis{l}
+}
+
+func (w wardenRedis) try(ctx context.Context, key string) (func() error, bool, error) {
+	l, err := w.l.TryAcquire(ctx, key)
+	if errors.Is(err, lock.ErrLocked) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	return func() error { return l.Release(ctx) }, true, nil
+}
+
+func (w wardenRedis) acquire(ctx context.Context, key string) (func() error, error) {
+	l, err := w.l.Acquire(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	return func() error { return l.Release(ctx) }, nil
+}
+
+// ---- bsm/redislock
+
+type bsmLock struct{ c *redislock.Client }
+
+func newRedislock(b *testing.B, base string) redisLocker {
+	return bsmLock{redislock.New(goredisClient(b, base))}
+}
+
+func (r bsmLock) try(ctx context.Context, key string) (func() error, bool, error) {
+	l, err := r.c.Obtain(ctx, key, time.Minute, nil)
+	if errors.Is(err, redislock.ErrNotObtained) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	return func() error { return l.Release(ctx) }, true, nil
+}
+
+func (r bsmLock) acquire(ctx context.Context, key string) (func() error, error) {
+	l, err := r.c.Obtain(ctx, key, time.Minute, &redislock.Options{RetryStrategy: redislock.LinearBackoff(10 * time.Millisecond)})
+	if err != nil {
+		return nil, err
+	}
+	return func() error { return l.Release(ctx) }, nil
+}
+
+// ---- redsync
+
+type redsyncLock struct{ rs *redsync.Redsync }
+
+func newRedsync(b *testing.B, base string) redisLocker {
+	return redsyncLock{redsync.New(redsyncgoredis.NewPool(goredisClient(b, base)))}
+}
+
+func (r redsyncLock) try(ctx context.Context, key string) (func() error, bool, error) {
+	m := r.rs.NewMutex(key, redsync.WithExpiry(time.Minute), redsync.WithTries(1))
+	if err := m.TryLockContext(ctx); err != nil {
+		var taken *redsync.ErrTaken
+		if errors.As(err, &taken) || errors.Is(err, redsync.ErrFailed) {
+			return nil, false, nil
+		}
+		return nil, false, err
+	}
+	return func() error { _, err := m.UnlockContext(ctx); return err }, true, nil
+}
+
+func (r redsyncLock) acquire(ctx context.Context, key string) (func() error, error) {
+	m := r.rs.NewMutex(key, redsync.WithExpiry(time.Minute), redsync.WithTries(math.MaxInt32))
+	if err := m.LockContext(ctx); err != nil {
+		return nil, err
+	}
+	return func() error { _, err := m.UnlockContext(ctx); return err }, nil
+}
+
+// ---- rueidislock
+
+type rueidisLock struct{ l rueidislock.Locker }
+
+func newRueidislock(b *testing.B, base string) redisLocker {
+	u, err := url.Parse(base)
+	if err != nil {
+		b.Fatal(err)
+	}
+	l, err := rueidislock.NewLocker(rueidislock.LockerOption{
+		ClientOption:   rueidis.ClientOption{InitAddress: []string{u.Host}},
+		KeyMajority:    1,
+		KeyValidity:    time.Minute,
+		NoLoopTracking: true,
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(l.Close)
+	return rueidisLock{l}
+}
+
+func (r rueidisLock) try(ctx context.Context, key string) (func() error, bool, error) {
+	_, cancel, err := r.l.TryWithContext(ctx, key)
+	if errors.Is(err, rueidislock.ErrNotLocked) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	return func() error { cancel(); return nil }, true, nil
+}
+
+func (r rueidisLock) acquire(ctx context.Context, key string) (func() error, error) {
+	_, cancel, err := r.l.WithContext(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	return func() error { cancel(); return nil }, nil
+}
+
+// ---- the measurements
+
+// redisCycle: one uncontended try-acquire and release per operation.
+func redisCycle(b *testing.B, l redisLocker) {
+	ctx := context.Background()
+	key := redisKey()
+	for b.Loop() {
+		rel, ok, err := l.try(ctx, key)
+		if err != nil || !ok {
+			b.Fatal("acquire:", ok, err)
+		}
+		if err := rel(); err != nil {
+			b.Fatal("release:", err)
+		}
+	}
+}
+
+// redisContend: 8 workers, each with its own locker (connections), take
+// the one key in turn and hold it 1 ms, until b.N acquisitions in all.
+func redisContend(b *testing.B, mk func() redisLocker) {
+	const workers = 8
+	ctx := context.Background()
+	key := redisKey()
+	var ls []redisLocker
+	for len(ls) < workers {
+		ls = append(ls, mk())
+	}
+	var next atomic.Int64
+	per := make([]int64, workers)
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	start := time.Now()
+	for w := range workers {
+		wg.Go(func() {
+			for next.Add(1) <= int64(b.N) {
+				rel, err := ls[w].acquire(ctx, key)
+				if err != nil {
+					b.Error("acquire:", err)
+					return
+				}
+				time.Sleep(time.Millisecond)
+				per[w]++
+				if err := rel(); err != nil {
+					b.Error("release:", err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	el := time.Since(start)
+	b.StopTimer()
+	b.ReportMetric(float64(b.N)/el.Seconds(), "acq/s")
+	b.ReportMetric(float64(slices.Min(per)), "min-per-worker")
+	b.ReportMetric(float64(slices.Max(per)), "max-per-worker")
+}
+
+// redisHandoff: holder takes the key; waiter, on other connections, waits
+// for it; the holder releases; the latency is release → waiter acquired.
+func redisHandoff(b *testing.B, holder, waiter redisLocker) {
+	ctx := context.Background()
+	key := redisKey()
+	var lat []time.Duration
+	for b.Loop() {
+		rel, ok, err := holder.try(ctx, key)
+		if err != nil || !ok {
+			b.Fatal("holder:", ok, err)
+		}
+		type result struct {
+			at  time.Time
+			rel func() error
+			err error
+		}
+		got := make(chan result, 1)
+		go func() {
+			wrel, err := waiter.acquire(ctx, key)
+			got <- result{time.Now(), wrel, err}
+		}()
+		// Let the waiter find the lock held and start waiting (this
+		// shapes the scenario; it is not a measurement).
+		time.Sleep(20 * time.Millisecond)
+		released := time.Now()
+		if err := rel(); err != nil {
+			b.Fatal(err)
+		}
+		r := <-got
+		if r.err != nil {
+			b.Fatal("waiter:", r.err)
+		}
+		lat = append(lat, r.at.Sub(released))
+		if err := r.rel(); err != nil {
+			b.Fatal("waiter release:", err)
+		}
+	}
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), HandoffMetric)
+	b.ReportMetric(float64(lat[min(len(lat)-1, len(lat)*99/100)].Microseconds()), HandoffP99Metric)
+}

@@ -1,0 +1,158 @@
+package redis_test
+
+import (
+	"context"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+	"github.com/warden-go/warden/driver"
+	"github.com/warden-go/warden/store/redis"
+)
+
+// counter is a go-redis hook counting round trips: one per command sent
+// alone, one per pipeline (per node it reaches).
+type counter struct{ n atomic.Int64 }
+
+func (c *counter) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+
+func (c *counter) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		c.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (c *counter) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []goredis.Cmder) error {
+		c.n.Add(1)
+		return next(ctx, cmds)
+	}
+}
+
+// singleClient returns a client of the single test server, closed when
+// the test ends.
+func singleClient(t testing.TB) *goredis.Client {
+	o, err := goredis.ParseURL(serverURL(t, "")[:strings.Index(serverURL(t, ""), "?")])
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := goredis.NewClient(o)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// clusterClient returns a client of the test cluster, closed when the
+// test ends.
+func clusterClient(t testing.TB) *goredis.ClusterClient {
+	c := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: clusterAddrs(t)})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// TestRoundTrips checks that each primitive is one round trip (once its
+// script is loaded), on a single server and on the cluster.
+func TestRoundTrips(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		client func(testing.TB) goredis.UniversalClient
+	}{
+		{"single", func(t testing.TB) goredis.UniversalClient { return singleClient(t) }},
+		{"cluster", func(t testing.TB) goredis.UniversalClient { return clusterClient(t) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			client := tc.client(t)
+			if err := client.Ping(t.Context()).Err(); err != nil {
+				t.Fatal(err)
+			}
+			cnt := &counter{}
+			client.AddHook(cnt)
+			st, err := redis.New(client, &redis.Options{Prefix: "roundtrips-" + tc.name + ":"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			ctx := t.Context()
+			tag := time.Now().Format("150405.000000")
+			key := "k" + tag
+			var token int64
+			ops := []struct {
+				name string
+				f    func() error
+			}{
+				{"acquire", func() error {
+					rec, _, err := st.Locks().Acquire(ctx, key, "a", time.Minute)
+					token = rec.Token
+					return err
+				}},
+				{"refresh", func() error { _, _, err := st.Locks().Refresh(ctx, key, "a", token, time.Minute); return err }},
+				{"release", func() error { _, err := st.Locks().Release(ctx, key, "a", token); return err }},
+				{"recordFailure", func() error { _, err := st.Circuits().RecordFailure(ctx, key, 5); return err }},
+				{"cache set", func() error { return st.Cache().Set(ctx, key, []byte("v"), time.Minute) }},
+				{"cache get", func() error { _, _, err := st.Cache().Get(ctx, key); return err }},
+				{"claim", func() error { _, _, err := st.Idempotency().Claim(ctx, key, "a", time.Minute, ""); return err }},
+				{"checkpoint save", func() error {
+					_, _, err := st.Checkpoints().Save(ctx, driver.CheckpointInput{TaskID: key, Progress: 50})
+					return err
+				}},
+			}
+			// First run: the scripts may need loading (EVALSHA, NOSCRIPT,
+			// EVAL: two round trips). Later runs: one each.
+			for round := 0; round < 3; round++ {
+				for _, op := range ops {
+					before := cnt.n.Load()
+					if err := op.f(); err != nil {
+						t.Fatalf("%s: %v", op.name, err)
+					}
+					got := cnt.n.Load() - before
+					if round == 0 && got <= 2 {
+						continue
+					}
+					if got != 1 {
+						t.Errorf("round %d, %s: %d round trips, want 1", round, op.name, got)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestScriptsReload: a server that lost its scripts (SCRIPT FLUSH, a
+// restart, a failover to a replica that never ran them) gets them again
+// from the next call, which succeeds.
+func TestScriptsReload(t *testing.T) {
+	client := singleClient(t)
+	cnt := &counter{}
+	client.AddHook(cnt)
+	st, err := redis.New(client, &redis.Options{Prefix: "reload:"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ctx := t.Context()
+	key := "k" + time.Now().Format("150405.000000")
+	if _, _, err := st.Locks().Acquire(ctx, key, "a", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	before := cnt.n.Load()
+	rec, ok, err := st.Locks().Acquire(ctx, key, "a", time.Minute)
+	if err != nil || !ok || rec.Owner != "a" {
+		t.Fatalf("Acquire after SCRIPT FLUSH: ok=%v err=%v", ok, err)
+	}
+	if got := cnt.n.Load() - before; got != 2 {
+		t.Errorf("Acquire after SCRIPT FLUSH: %d round trips, want 2 (EVALSHA refused, EVAL)", got)
+	}
+	// Listing pipelines EVALSHA: it loads the script and runs again.
+	if err := client.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := st.Locks().List(ctx, key)
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("List after SCRIPT FLUSH: %v, %v", recs, err)
+	}
+}
