@@ -2,6 +2,10 @@ package redis_test
 
 import (
 	"context"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"net"
 	"net/url"
 	"os"
 	"strings"
@@ -11,6 +15,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/warden-go/warden"
+	"github.com/warden-go/warden/driver"
 	"github.com/warden-go/warden/drivertest"
 	"github.com/warden-go/warden/store/redis"
 )
@@ -158,12 +163,93 @@ func TestConformance(t *testing.T) {
 }
 
 // TestConformanceCluster runs the whole suite against the 3-master test
-// cluster.
+// cluster. The fault checks put their proxy in front of the master that
+// serves the checks' lock key (see clusterFaultKey).
 func TestConformanceCluster(t *testing.T) {
 	clusterURL(t, "")
 	drivertest.Run(t, drivertest.Harness{
-		Name: "redis-cluster",
-		Open: openURL(clusterURL),
-		URL:  clusterURL,
+		Name:       "redis-cluster",
+		Open:       openURL(clusterURL),
+		URL:        clusterURL,
+		Upstream:   clusterUpstream,
+		ProxiedURL: clusterProxiedURL,
 	})
+}
+
+// clusterFaultKey is the lock key of drivertest's fault checks. Their
+// workers touch only that key's hash slot (and subscribe to events, which
+// any node serves), so a cluster client whose every connection goes
+// through one proxy to that slot's master works; a key elsewhere would be
+// redirected back to the proxy until the redirects run out, failing the
+// check loudly.
+const clusterFaultKey = "faulty-lock"
+
+// clusterUpstream returns the address of the master serving the slot of
+// clusterFaultKey's lock record.
+func clusterUpstream(t testing.TB) string {
+	c := clusterClient(t)
+	h := fnv.New32a()
+	h.Write([]byte(clusterFaultKey))
+	slot, err := c.ClusterKeySlot(t.Context(), fmt.Sprintf("{%08x}", h.Sum32())).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	slots, err := c.ClusterSlots(t.Context()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range slots {
+		if int64(s.Start) <= slot && slot <= int64(s.End) && len(s.Nodes) > 0 {
+			return s.Nodes[0].Addr
+		}
+	}
+	t.Fatalf("no master serves slot %d", slot)
+	return ""
+}
+
+// clusterProxiedURL returns a URL of the test-only scheme redis-proxied,
+// which opens a cluster client dialing every node through proxyAddr.
+func clusterProxiedURL(t testing.TB, prefix, proxyAddr string) string {
+	return "redis-proxied://" + proxyAddr + "?prefix=" + url.QueryEscape(prefix)
+}
+
+func init() {
+	warden.Register("redis-proxied", func(ctx context.Context, u *url.URL, _ *slog.Logger) (driver.Store, error) {
+		proxy := u.Host
+		c := goredis.NewClusterClient(&goredis.ClusterOptions{
+			Addrs: []string{proxy},
+			Dialer: func(ctx context.Context, network, _ string) (net.Conn, error) {
+				var d net.Dialer
+				return d.DialContext(ctx, network, proxy)
+			},
+		})
+		d, err := redis.NewDriver(c, &redis.Options{Prefix: u.Query().Get("prefix")})
+		if err != nil {
+			c.Close()
+			return nil, err
+		}
+		return closeWith{d, c}, nil
+	})
+}
+
+// closeWith is a store that closes its client with it.
+type closeWith struct {
+	driver.Store
+	c *goredis.ClusterClient
+}
+
+func (s closeWith) Close() error {
+	err := s.Store.Close()
+	s.c.Close()
+	return err
+}
+
+// WatchLocks forwards to the store's notifications.
+func (s closeWith) WatchLocks(ctx context.Context) (<-chan driver.LockEvent, error) {
+	return s.Store.(driver.LockNotifier).WatchLocks(ctx)
+}
+
+// WatchCircuits forwards to the store's notifications.
+func (s closeWith) WatchCircuits(ctx context.Context) (<-chan driver.CircuitRecord, error) {
+	return s.Store.(driver.CircuitNotifier).WatchCircuits(ctx)
 }
