@@ -1,0 +1,168 @@
+package redis_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+	"github.com/warden-go/warden"
+	"github.com/warden-go/warden/driver"
+	"github.com/warden-go/warden/store/redis"
+)
+
+// TestEventsLostOnReconnect: when the server drops the store's pub/sub
+// connection, events published before go-redis subscribes again are lost;
+// watchers get EventsLost, and events flow again afterwards.
+func TestEventsLostOnReconnect(t *testing.T) {
+	ctx := t.Context()
+	o, err := goredis.ParseURL(strings.Split(serverURL(t, ""), "?")[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := "warden-events-test-" + time.Now().Format("150405.000000")
+	o.ClientName = name
+	watchClient := goredis.NewClient(o)
+	defer watchClient.Close()
+	prefix := "reconnect-" + time.Now().Format("150405000000") + ":"
+	watcher, err := redis.New(watchClient, &redis.Options{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watcher.Close()
+	actor, err := redis.Open(ctx, serverURL(t, prefix), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer actor.Close()
+	cleanNamespace(t, serverURL(t, ""), prefix)
+
+	ch, err := watcher.Locks().Watch(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := func(what string) driver.LockEvent {
+		t.Helper()
+		select {
+		case ev, ok := <-ch:
+			if !ok {
+				t.Fatalf("%s: the watch channel closed", what)
+			}
+			return ev
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s: no event", what)
+		}
+		panic("unreachable")
+	}
+	acquire := func(key string) {
+		t.Helper()
+		if _, ok, err := actor.Locks().Acquire(ctx, key, "alice", time.Minute); err != nil || !ok {
+			t.Fatalf("Acquire %s: ok=%v err=%v", key, ok, err)
+		}
+	}
+	// Watch returns once the server confirmed the subscription.
+	acquire("before")
+	if ev := next("before the reconnection"); ev.Kind != driver.LockAcquired || ev.Key != "before" {
+		t.Fatalf("first event %+v, want acquired 'before'", ev)
+	}
+
+	// Kill the watcher's subscription connection, only that one.
+	admin := singleClient(t)
+	list, err := admin.Do(ctx, "CLIENT", "LIST", "TYPE", "pubsub").Text()
+	if err != nil {
+		t.Fatal(err)
+	}
+	killed := 0
+	for _, line := range strings.Split(list, "\n") {
+		if !strings.Contains(line, " name="+name+" ") {
+			continue
+		}
+		id := strings.TrimPrefix(strings.Fields(line)[0], "id=")
+		if err := admin.Do(ctx, "CLIENT", "KILL", "ID", id).Err(); err != nil {
+			t.Fatal(err)
+		}
+		killed++
+	}
+	if killed != 1 {
+		t.Fatalf("found %d subscription connections named %s, want 1", killed, name)
+	}
+	if ev := next("after the connection was killed"); ev.Kind != driver.EventsLost {
+		t.Fatalf("event after the connection was killed: %+v, want EventsLost", ev)
+	}
+	// Events flow again once resubscribed: make events until one comes.
+	for i := 0; ; i++ {
+		acquire("after")
+		ev := next("after the reconnection")
+		if ev.Kind == driver.EventsLost {
+			continue
+		}
+		if ev.Kind != driver.LockAcquired || ev.Key != "after" {
+			t.Fatalf("event after the reconnection: %+v, want acquired 'after'", ev)
+		}
+		break
+	}
+}
+
+// TestBadOptions: bad prefixes, URLs and clients are refused with an
+// error that says why and never shows the password.
+func TestBadOptions(t *testing.T) {
+	ctx := context.Background()
+	c := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:1"})
+	defer c.Close()
+	for _, p := range []string{"a{b}:", "{x}:", "nocolon"} {
+		if _, err := redis.New(c, &redis.Options{Prefix: p}); !errors.Is(err, driver.ErrBadPrefix) {
+			t.Errorf("prefix %q: err %v, want ErrBadPrefix", p, err)
+		}
+	}
+	if _, err := redis.New(nil, nil); err == nil {
+		t.Error("New(nil): no error")
+	}
+	for _, u := range []string{
+		"redis://u:s3cret@127.0.0.1:6379/0?bogus=1",
+		"redis://u:s3cret@127.0.0.1:6379/x",
+		"redis://u:s3cret@127.0.0.1:6379/1?cluster=true",
+		"redis://u:s3cret@127.0.0.1:6379?cluster=true&master_name=m",
+		"unix://host/path",
+		"redis://u:s3cret@127.0.0.1:6379?max_value_bytes=-1",
+	} {
+		_, err := warden.Open(ctx, u)
+		if !errors.Is(err, driver.ErrBadURL) {
+			t.Errorf("%s: err %v, want ErrBadURL", u, err)
+		}
+		if err != nil && strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("%s: the error shows the password: %v", u, err)
+		}
+	}
+	// A server that does not answer: an error without the password.
+	_, err := warden.Open(ctx, "redis://u:s3cret@127.0.0.1:1/0?dial_timeout=100ms")
+	if err == nil || strings.Contains(err.Error(), "s3cret") {
+		t.Errorf("unreachable server: err %v", err)
+	}
+}
+
+// TestCloseLeavesClient: a client given to New stays usable after the
+// store closes; watches end with the store.
+func TestCloseLeavesClient(t *testing.T) {
+	c := singleClient(t)
+	st, err := redis.New(c, &redis.Options{Prefix: "close:"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch, err := st.Locks().Watch(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for range ch {
+	}
+	if err := c.Ping(t.Context()).Err(); err != nil {
+		t.Errorf("the client given to New was closed with the store: %v", err)
+	}
+	if _, _, err := st.Locks().Acquire(t.Context(), "k", "o", time.Minute); !errors.Is(err, warden.ErrClosed) {
+		t.Errorf("Acquire after Close: %v, want ErrClosed", err)
+	}
+}
