@@ -555,6 +555,9 @@ func TestPollWatchReportsStoreErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if ev := <-events; ev.Kind != EventsLost || !errors.Is(ev.Err, ErrPolled) {
+		t.Fatalf("first event %+v, want EventsLost with ErrPolled", ev)
+	}
 	f.fail.Store(true)
 	ev := <-events
 	if ev.Kind != EventsLost || !errors.Is(ev.Err, errListDown) {

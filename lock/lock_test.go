@@ -601,6 +601,12 @@ func TestWatch(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			if tc.wrap != nil {
+				// A poller says first that it can miss holdings.
+				if ev := nextEvent(t, ch); ev.Kind != EventsLost || !errors.Is(ev.Err, ErrPolled) {
+					t.Fatalf("first polled event %+v, want EventsLost with ErrPolled", ev)
+				}
+			}
 			s, err := a.Acquire(ctx, "job:1")
 			if err != nil {
 				t.Fatal(err)
@@ -621,9 +627,12 @@ func TestWatch(t *testing.T) {
 			if _, err := a.Acquire(ctx, "job:2"); err != nil {
 				t.Fatal(err)
 			}
-			expectEvent(t, ch, Acquired, "job:2", a.Owner())
-			if tc.wrap != nil {
-				expectEvent(t, ch, Expired, "job:2", a.Owner())
+			ev = expectEvent(t, ch, Acquired, "job:2", a.Owner())
+			// Its lapse is reported while nobody takes the key, At its
+			// expiry, by the poller and on the stream alike.
+			exp := expectEvent(t, ch, Expired, "job:2", a.Owner())
+			if exp.Token != ev.Token || exp.At.Before(ev.At) {
+				t.Fatalf("expired %+v after acquired %+v", exp, ev)
 			}
 			cancel()
 			testkit.Eventually(t, 5*time.Second, "channel closed", func() bool {
@@ -661,6 +670,18 @@ func TestDiff(t *testing.T) {
 	want := []string{"released b x 2", "expired c x 3", "expired d x 4", "acquired d y 5", "acquired e y 6"}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("diff = %q, want %q", got, want)
+	}
+
+	// A holding replaced between two polls ended before its successor
+	// began: released (its expiry was later) at the successor's
+	// acquisition, not at the poll.
+	acq := now.Add(-time.Second)
+	prev = map[string]driver.LockRecord{"f": rec("f", "x", 7, -time.Second/2)}
+	next := rec("f", "y", 8, time.Minute)
+	next.AcquiredAt = acq
+	evs := diff(prev, map[string]driver.LockRecord{"f": next}, now)
+	if len(evs) != 2 || evs[0].Kind != Released || !evs[0].At.Equal(acq) || evs[1].Kind != Acquired || !evs[1].At.Equal(acq) {
+		t.Fatalf("replaced holding: %+v", evs)
 	}
 }
 

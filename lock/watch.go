@@ -2,6 +2,8 @@ package lock
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sort"
 	"time"
 
@@ -31,6 +33,11 @@ const (
 	// care about with the store's lock List or Get.
 	EventsLost = driver.EventsLost
 )
+
+// ErrPolled is the Err of the EventsLost event that begins a Watch on a
+// store without notifications: its poller does not see the holdings that
+// begin and end between two polls.
+var ErrPolled = errors.New("lock: the store has no notifications and Watch polls it")
 
 // subscribe starts the Locker's one store subscription, which wakes
 // waiters when their key is released, if the store has notifications and
@@ -117,18 +124,25 @@ func (l *Locker) wakeAll() {
 // On stores with notifications the events come from the store's stream
 // (each Watch has its own subscription). Delivery is best effort: a
 // receiver that falls behind gets an EventsLost event in place of the
-// events it missed.
+// events it missed. A store's stream reports a holding that lapses (its
+// holder died) only when the next holder takes the key, if at all, so
+// Watch also tracks the matching holdings (listed when it starts, then
+// from Acquired events) and reads each again PollInterval after its
+// expiry: one that is gone or replaced by then is reported Expired, At its
+// expiry, and the store's own later event for it is dropped.
 //
 // On stores without notifications Watch polls: it lists the matching
 // locks every PollInterval (default one second) and reports the
 // differences — Acquired for a new holding, Released for a holding gone
 // before its expiry, Expired for one gone after it (both followed by
-// Acquired when another holding replaced it between two polls). Changes
-// that begin and end between two polls are not seen; a receiver that falls
-// behind delays the polls rather than losing events. A listing that fails
-// is reported as an EventsLost event whose Err is the store's error, once
-// per run of failures, so that a silent store and an unreachable one look
-// different.
+// Acquired when another holding replaced it between two polls, and then
+// stamped no later than the new holding's acquisition). Changes that begin
+// and end between two polls are not seen: the stream begins with an
+// EventsLost event whose Err is ErrPolled and says so. A receiver that
+// falls behind delays the polls rather than losing events. A listing that
+// fails is reported as an EventsLost event whose Err is the store's error,
+// once per run of failures, so that a silent store and an unreachable one
+// look different.
 func (l *Locker) Watch(ctx context.Context, pattern string) (<-chan Event, error) {
 	p, err := warden.ParsePattern(pattern)
 	if err != nil {
@@ -145,6 +159,11 @@ func (l *Locker) Watch(ctx context.Context, pattern string) (<-chan Event, error
 	)
 	if l.canWatch {
 		src, err = l.locks.Watch(wctx)
+		if err == nil {
+			// After subscribing, so that a holding acquired in between
+			// is in the listing or in the stream.
+			snap, err = l.snapshot(wctx, pattern)
+		}
 	} else {
 		snap, err = l.snapshot(wctx, pattern)
 	}
@@ -165,19 +184,61 @@ func (l *Locker) Watch(ctx context.Context, pattern string) (<-chan Event, error
 	l.mu.Unlock()
 	out := make(chan Event)
 	if src != nil {
-		go l.forward(wctx, cancel, src, p, out)
+		go l.forward(wctx, cancel, src, p, snap, out)
 	} else {
 		go l.pollLoop(wctx, cancel, pattern, snap, out)
 	}
 	return out, nil
 }
 
-// forward passes the store's events for matching keys to out.
-func (l *Locker) forward(ctx context.Context, cancel context.CancelFunc, src <-chan driver.LockEvent, p driver.Pattern, out chan<- Event) {
+// forward passes the store's events for matching keys to out, and reports
+// the lapse of a tracked holding the stream did not report (see Watch).
+// live holds the matching holdings known to be current.
+func (l *Locker) forward(ctx context.Context, cancel context.CancelFunc, src <-chan driver.LockEvent, p driver.Pattern, live map[string]driver.LockRecord, out chan<- Event) {
 	defer l.wg.Done()
 	defer close(out)
 	defer cancel()
+	ended := map[string]int64{}   // key → token whose end Watch reported itself
+	due := map[string]time.Time{} // key → when to read its holding again
+	track := func(rec driver.LockRecord) {
+		live[rec.Key] = rec
+		due[rec.Key] = rec.ExpiresAt.Add(l.poll)
+	}
+	for _, rec := range live {
+		track(rec)
+	}
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	send := func(ev Event) bool {
+		select {
+		case out <- ev:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	// check reads key's holding again and reports its lapse; false when
+	// ctx ended.
+	check := func(key string, now time.Time) bool {
+		evs, ok := l.recheck(ctx, key, live, due, now)
+		for _, ev := range evs {
+			ended[ev.Key] = ev.Token
+			ok = ok && send(ev)
+		}
+		return ok
+	}
 	for {
+		var next time.Time
+		for _, at := range due {
+			if next.IsZero() || at.Before(next) {
+				next = at
+			}
+		}
+		var tick <-chan time.Time
+		if !next.IsZero() {
+			timer.Reset(time.Until(next))
+			tick = timer.C
+		}
 		select {
 		case ev, ok := <-src:
 			if !ok {
@@ -186,15 +247,76 @@ func (l *Locker) forward(ctx context.Context, cancel context.CancelFunc, src <-c
 			if ev.Kind != driver.EventsLost && !p.Match(ev.Key) {
 				continue
 			}
-			select {
-			case out <- ev:
-			case <-ctx.Done():
+			switch ev.Kind {
+			case driver.LockAcquired:
+				// Tracked below, once the event is out.
+			case driver.LockReleased, driver.LockExpired:
+				if tok, ok := ended[ev.Key]; ok && ev.Token <= tok {
+					if ev.Token == tok {
+						delete(ended, ev.Key)
+					}
+					continue // reported already, as it lapsed
+				}
+				if rec, ok := live[ev.Key]; ok && rec.Token == ev.Token {
+					delete(live, ev.Key)
+					delete(due, ev.Key)
+				}
+			}
+			if !send(ev) {
 				return
+			}
+			if ev.Kind == driver.LockAcquired {
+				live[ev.Key] = driver.LockRecord{Key: ev.Key, Owner: ev.Owner, Token: ev.Token}
+				if !check(ev.Key, time.Now()) {
+					return
+				}
+			}
+		case <-tick:
+			now := time.Now()
+			for key, at := range due {
+				if !at.After(now) && !check(key, now) {
+					return
+				}
 			}
 		case <-ctx.Done():
 			return
 		}
 	}
+}
+
+// recheck reads the holding of a tracked key again, for forward: it updates
+// live and due, and returns an Expired event if the holding it tracked has
+// lapsed. ok is false when ctx ended.
+func (l *Locker) recheck(ctx context.Context, key string, live map[string]driver.LockRecord, due map[string]time.Time, now time.Time) (evs []Event, ok bool) {
+	rec, found, err := l.locks.Get(ctx, key)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, false
+		}
+		due[key] = now.Add(l.poll) // try again
+		return nil, true
+	}
+	old := live[key]
+	delete(live, key)
+	delete(due, key)
+	if found && rec.Token == old.Token && rec.ExpiresAt.After(now) {
+		live[key], due[key] = rec, rec.ExpiresAt.Add(l.poll) // live, or renewed
+		return nil, true
+	}
+	end := old.ExpiresAt
+	if found && rec.Token == old.Token {
+		end = rec.ExpiresAt // lapsed, though the store still shows it
+	}
+	if !end.IsZero() && !end.After(now) {
+		// Gone or replaced after its expiry: it lapsed. (A holding
+		// released before its expiry is reported by the stream; one
+		// whose expiry was never read is left to the stream too.)
+		evs = append(evs, Event{Kind: Expired, Key: key, Owner: old.Owner, Token: old.Token, At: end})
+	}
+	if found && rec.Token > old.Token && rec.ExpiresAt.After(now) {
+		live[key], due[key] = rec, rec.ExpiresAt.Add(l.poll)
+	}
+	return evs, true
 }
 
 // snapshot lists the live holdings matching pattern.
@@ -217,6 +339,12 @@ func (l *Locker) pollLoop(ctx context.Context, cancel context.CancelFunc, patter
 	defer cancel()
 	ticker := time.NewTicker(l.poll)
 	defer ticker.Stop()
+	select {
+	case out <- Event{Kind: EventsLost, At: time.Now().UTC().Truncate(time.Millisecond),
+		Err: fmt.Errorf("%w every %v: holdings that begin and end between two polls are not seen", ErrPolled, l.poll)}:
+	case <-ctx.Done():
+		return
+	}
 	failing := false
 	for {
 		select {
@@ -274,8 +402,14 @@ func diff(prev, cur map[string]driver.LockRecord, now time.Time) []Event {
 			continue // unchanged or refreshed
 		}
 		if had {
-			ev := Event{Kind: Released, Key: k, Owner: old.Owner, Token: old.Token, At: now}
-			if !old.ExpiresAt.After(now) {
+			// The holding ended by now, and before the holding that
+			// replaced it began.
+			end := now
+			if has && !rec.AcquiredAt.IsZero() && rec.AcquiredAt.Before(end) {
+				end = rec.AcquiredAt
+			}
+			ev := Event{Kind: Released, Key: k, Owner: old.Owner, Token: old.Token, At: end}
+			if !old.ExpiresAt.After(end) {
 				ev.Kind, ev.At = Expired, old.ExpiresAt
 			}
 			evs = append(evs, ev)

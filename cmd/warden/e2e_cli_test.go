@@ -4,6 +4,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
@@ -11,6 +12,9 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
+
+	"github.com/warden-go/warden/internal/testkit"
 )
 
 // End-to-end checks of the messages and exit codes a newcomer meets first,
@@ -330,5 +334,104 @@ func TestE2EReadOnlySQLiteFile(t *testing.T) {
 		if !strings.Contains(r.stderr, "readonly") && !strings.Contains(r.stderr, "read-only") && !strings.Contains(r.stderr, "unable to open") {
 			t.Fatalf("%q on a read-only file: %s", args, r)
 		}
+	}
+}
+
+// watchLine is one line of `lock watch -o json`.
+type watchLine struct {
+	Event  string `json:"event"`
+	Key    string `json:"key"`
+	Owner  string `json:"owner"`
+	Token  int64  `json:"token"`
+	At     string `json:"at"`
+	Reason string `json:"reason"`
+}
+
+// watchLines decodes the lines a `lock watch -o json` printed so far.
+func watchLines(t *testing.T, out string) []watchLine {
+	t.Helper()
+	var lines []watchLine
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		if l == "" {
+			continue
+		}
+		var w watchLine
+		if err := json.Unmarshal([]byte(l), &w); err != nil {
+			t.Fatalf("watch line %q: %v", l, err)
+		}
+		lines = append(lines, w)
+	}
+	return lines
+}
+
+// waitWatchFor waits until a watch printed a line that ok accepts, and
+// returns the lines up to it.
+func waitWatchFor(t *testing.T, p *proc, what string, ok func(watchLine) bool) []watchLine {
+	t.Helper()
+	var upTo []watchLine
+	testkit.Eventually(t, 30*time.Second, what, func() bool {
+		lines := watchLines(t, p.stdout.String())
+		for i, l := range lines {
+			if ok(l) {
+				upTo = lines[:i+1]
+				return true
+			}
+		}
+		return false
+	})
+	return upTo
+}
+
+// TestE2EWatchReportsKilledHolderExpired: on SQLite, the holding of a warden
+// killed with SIGKILL is reported expired while nobody takes the key, with
+// the holding's token; a later holder's acquisition does not report it a
+// second time.
+func TestE2EWatchReportsKilledHolderExpired(t *testing.T) {
+	_, url := e2eStore(t)
+	w := startWarden(t, nil, "--store", url, "-o", "json", "lock", "watch", "k")
+	// The watch has subscribed once it reports a holding.
+	testkit.Eventually(t, 30*time.Second, "the watch running", func() bool {
+		want(t, runWarden(t, nil, "--store", url, "lock", "run", "k", "--", "true"), 0)
+		return len(watchLines(t, w.stdout.String())) > 0
+	})
+	dir := t.TempDir()
+	env := []string{"WARDEN_CLI_TEST_HELPER=wait-file", "HELPER_READY=" + filepath.Join(dir, "ready"), "HELPER_STOP=" + filepath.Join(dir, "stop")}
+	h := startWarden(t, env, "--store", url, "lock", "run", "k", "--ttl", "1s", "--", selfBin)
+	// Ends the command orphaned by the SIGKILL.
+	defer os.WriteFile(filepath.Join(dir, "stop"), nil, 0o644)
+	waitFile(t, filepath.Join(dir, "ready"))
+	r := runWarden(t, nil, "--store", url, "-o", "json", "lock", "show", "k")
+	want(t, r, 0)
+	var held lockJSON
+	decode(t, r, &held)
+	acquired := waitWatchFor(t, w, "the holder's acquisition", func(l watchLine) bool {
+		return l.Event == "acquired" && l.Token == held.Token
+	})
+	if err := h.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	lines := waitWatchFor(t, w, "the killed holder's expiry", func(l watchLine) bool {
+		return l.Token == held.Token && l.Event != "acquired"
+	})
+	expired := lines[len(lines)-1]
+	if expired.Event != "expired" || expired.Key != "k" || expired.At < acquired[len(acquired)-1].At {
+		t.Fatalf("after SIGKILL: %+v, want expired", expired)
+	}
+	// Nobody took the key in between: the report did not wait for one.
+	want(t, runWarden(t, nil, "--store", url, "lock", "show", "k"), exitNotFound)
+	// The next holder's acquisition follows; the store's own report of the
+	// lapse, as the key is taken over, is not repeated.
+	want(t, runWarden(t, nil, "--store", url, "lock", "run", "k", "--", "true"), 0)
+	lines = waitWatchFor(t, w, "the next acquisition", func(l watchLine) bool {
+		return l.Event == "acquired" && l.Token > held.Token
+	})
+	n := 0
+	for _, l := range lines {
+		if l.Token == held.Token && l.Event != "acquired" {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Fatalf("the killed holding's end reported %d times: %+v", n, lines)
 	}
 }

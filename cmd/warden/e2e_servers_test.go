@@ -109,3 +109,22 @@ func TestE2EServerMySQLRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestE2EServerWatchPolledSaysSo: on MySQL, which has no notifications,
+// lock watch starts with an events-lost line saying that holdings between
+// two listings are not seen, then reports what it sees.
+func TestE2EServerWatchPolledSaysSo(t *testing.T) {
+	url := e2eServerStore(t, serverStores[0])
+	w := startWarden(t, nil, "--store", url, "-o", "json", "lock", "watch", "job", "--count", "1")
+	lost := waitWatchFor(t, w, "a first line", func(watchLine) bool { return true })[0]
+	if lost.Event != "events-lost" || !strings.Contains(lost.Reason, "no notifications") || !strings.Contains(lost.Reason, "not seen") {
+		t.Fatalf("first line: %+v", lost)
+	}
+	_, stop := holder(t, url, "job")
+	defer stop()
+	r := w.wait(t, 30*time.Second)
+	want(t, r, 0)
+	if lines := watchLines(t, r.stdout); len(lines) != 2 || lines[1].Event != "acquired" || lines[1].Key != "job" {
+		t.Fatalf("watch: %+v", lines)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -116,11 +117,23 @@ nobody holds the lock.`,
 			help: `
 Prints an event each time a lock whose key matches the glob PATTERN
 (default: all) is acquired, released or expires, in any process, until
-interrupted (exit 130) or --count events were printed (exit 0). Stores with
-notifications deliver events at once; others are polled every second. A
-line "events-lost" means events were dropped because the output was too
-slow. Table format: TIME EVENT KEY OWNER TOKEN, one line per event; JSON
-format: one object per line.`,
+interrupted (exit 130) or --count events were printed (exit 0; events-lost
+lines are not counted). Table format: TIME EVENT KEY OWNER TOKEN, one line
+per event, and for events-lost its reason; JSON format: one object per
+line ("reason" set for events-lost).
+
+What each store can see:
+  sqlite, memory, mongodb: notifications deliver acquired and released at
+    once. A holding that lapses (its holder was killed) is reported expired
+    about a second after its expiry, stamped with the expiry, whether or
+    not someone takes the key.
+  mysql, dynamodb: no notifications; warden lists the locks every second
+    and reports the differences. A holding that begins and ends between two
+    listings is not seen: the stream starts with an events-lost line that
+    says so. A holding replaced between two listings is reported ended no
+    later than its successor's acquisition.
+An events-lost line also means events were dropped because the output was
+too slow, or that the store could not be read (with the error).`,
 			example: `warden lock watch 'jobs/*'
 warden lock watch nightly-report --count 1   # wait for the next change`,
 			setup: func(fs *pflag.FlagSet) runFunc {
@@ -233,6 +246,8 @@ type lockEventJSON struct {
 	Owner string   `json:"owner"`
 	Token int64    `json:"token"`
 	At    jsonTime `json:"at"`
+	// Reason says why events may be missing (events-lost only).
+	Reason string `json:"reason,omitempty"`
 }
 
 func lockWatch(ctx context.Context, c *cli, pattern string, n int) error {
@@ -266,6 +281,9 @@ func lockWatch(ctx context.Context, c *cli, pattern string, n int) error {
 		if err := c.printEvent(ev); err != nil {
 			return err
 		}
+		if ev.Kind == lock.EventsLost {
+			continue // a notice, not a change
+		}
 		seen++
 		if n > 0 && seen >= n {
 			return nil
@@ -280,8 +298,16 @@ func lockWatch(ctx context.Context, c *cli, pattern string, n int) error {
 // printEvent prints one lock event: a JSON line, or TIME EVENT KEY OWNER
 // TOKEN.
 func (c *cli) printEvent(ev lock.Event) error {
+	reason := ""
+	switch {
+	case ev.Kind != lock.EventsLost:
+	case ev.Err != nil:
+		reason = strings.TrimPrefix(oneLine(scrubSecrets(ev.Err.Error(), c.g.store)), "lock: ")
+	default:
+		reason = "the output fell behind and events were dropped"
+	}
 	if c.isJSON() {
-		return c.printJSONLine(lockEventJSON{Event: ev.Kind.String(), Key: ev.Key, Owner: ev.Owner, Token: ev.Token, At: jsonTime(ev.At)})
+		return c.printJSONLine(lockEventJSON{Event: ev.Kind.String(), Key: ev.Key, Owner: ev.Owner, Token: ev.Token, At: jsonTime(ev.At), Reason: reason})
 	}
 	token := "-"
 	if ev.Token != 0 {
@@ -291,6 +317,10 @@ func (c *cli) printEvent(ev lock.Event) error {
 	if at.IsZero() {
 		at = time.Now()
 	}
-	_, err := fmt.Fprintf(c.stdout, "%s  %-11s  %s  %s  %s\n", tableTime(at), ev.Kind, cell(ev.Key), cell(ev.Owner), token)
+	line := fmt.Sprintf("%s  %-11s  %s  %s  %s", tableTime(at), ev.Kind, cell(ev.Key), cell(ev.Owner), token)
+	if reason != "" {
+		line += "  (" + reason + ")"
+	}
+	_, err := fmt.Fprintln(c.stdout, line)
 	return err
 }
