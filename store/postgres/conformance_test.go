@@ -1,0 +1,103 @@
+package postgres_test
+
+import (
+	"context"
+	"net"
+	"net/url"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/warden-go/warden"
+	"github.com/warden-go/warden/drivertest"
+	"github.com/warden-go/warden/store/postgres"
+)
+
+// TestMain lets the conformance suite re-execute this test binary as the
+// child processes of its multi-process checks.
+func TestMain(m *testing.M) { drivertest.Main(m) }
+
+// serverURL returns the test server's postgres:// URL with ?prefix=.
+func serverURL(t testing.TB, prefix string) string {
+	u := drivertest.ServerURL(t, "postgres", "WARDEN_TEST_POSTGRES_URL")
+	p, err := url.Parse(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := p.Query()
+	q.Set("prefix", prefix)
+	p.RawQuery = q.Encode()
+	return p.String()
+}
+
+// serverAddr returns the test server's host:port, for the fault checks'
+// proxies.
+func serverAddr(t testing.TB) string {
+	p, err := url.Parse(serverURL(t, ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Port() == "" {
+		return net.JoinHostPort(p.Hostname(), "5432")
+	}
+	return p.Host
+}
+
+// proxiedURL returns serverURL(t, prefix) with the server reached through
+// proxyAddr.
+func proxiedURL(t testing.TB, prefix, proxyAddr string) string {
+	p, err := url.Parse(serverURL(t, prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Host = proxyAddr
+	return p.String()
+}
+
+// TestConformance runs the whole conformance suite — driver checks and the
+// portable packages, in goroutines and in separate OS processes, and the
+// fault checks through proxies — against the test server, each check in
+// its own namespace, on stores opened by URL.
+func TestConformance(t *testing.T) {
+	serverURL(t, "")
+	drivertest.Run(t, drivertest.Harness{
+		Name: "postgres",
+		Open: func(t testing.TB, prefix string) *warden.Store {
+			st, err := postgres.Open(context.Background(), serverURL(t, prefix), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return st
+		},
+		URL:        serverURL,
+		Upstream:   serverAddr,
+		ProxiedURL: proxiedURL,
+	})
+}
+
+// TestConformanceNew runs the suite on stores made by New on the caller's
+// own pgxpool.Pool, which must stay open when the store closes.
+func TestConformanceNew(t *testing.T) {
+	serverURL(t, "")
+	drivertest.Run(t, drivertest.Harness{
+		Name: "postgres-new",
+		Open: func(t testing.TB, prefix string) *warden.Store {
+			pool, err := pgxpool.New(context.Background(), drivertest.ServerURL(t, "postgres", "WARDEN_TEST_POSTGRES_URL"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			st, err := postgres.New(pool, &postgres.Options{Prefix: prefix})
+			if err != nil {
+				pool.Close()
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				if err := pool.Ping(context.Background()); err != nil {
+					t.Errorf("the pool given to New was closed with the store: %v", err)
+				}
+				pool.Close()
+			})
+			return st
+		},
+		URL: serverURL,
+	})
+}
