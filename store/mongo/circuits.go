@@ -36,6 +36,13 @@ type circDoc struct {
 	ProbeUntil  *time.Time `bson:"probeUntil"`
 	Version     int64      `bson:"version"`
 	UpdatedAt   *time.Time `bson:"updatedAt"`
+	// The counts (absent in documents of writers that do not keep them:
+	// they read 0).
+	Successes     int64      `bson:"successes"`
+	TotalFailures int64      `bson:"totalFailures"`
+	ConsecOK      int64      `bson:"consecutiveSuccesses"`
+	IntervalStart *time.Time `bson:"intervalStart"`
+	Probes        int64      `bson:"probes"`
 }
 
 func (d *circDoc) record(name string) driver.CircuitRecord {
@@ -45,7 +52,9 @@ func (d *circDoc) record(name string) driver.CircuitRecord {
 	}
 	r := driver.CircuitRecord{Name: name, State: st, Failures: d.Failures, LastFailure: utc(d.LastFailure),
 		LastSuccess: utc(d.LastSuccess), OpenedAt: utc(d.OpenedAt), ProbeUntil: utc(d.ProbeUntil),
-		Version: d.Version, UpdatedAt: utc(d.UpdatedAt)}
+		Version: d.Version, UpdatedAt: utc(d.UpdatedAt),
+		Successes: d.Successes, TotalFailures: d.TotalFailures, ConsecutiveSuccesses: d.ConsecOK,
+		IntervalStart: utc(d.IntervalStart), Probes: d.Probes}
 	if d.ProbeOwner != nil {
 		r.ProbeOwner = *d.ProbeOwner
 	}
@@ -150,91 +159,169 @@ func set(kv ...any) bson.D {
 	return d
 }
 
-// RecordFailure implements driver.Circuits. Closed below the threshold
-// (the common case) is one update; opening and already-open circuits take
-// the following steps.
+// RecordFailure implements driver.Circuits as RecordOutcome.
 func (c circuits) RecordFailure(ctx context.Context, name string, threshold int, gen int64) (driver.CircuitRecord, error) {
-	th := int64(max(threshold, 1))
-	d, applied, err := c.applyGen(ctx, "recording circuit failure", name, gen, func(t time.Time) []step {
-		inc := bson.E{Key: "$inc", Value: set("failureCount", int64(1), "version", int64(1))}
-		var steps []step
-		if th > 1 {
-			steps = append(steps, step{
-				filter: set("state", string(driver.Closed), "failureCount", set("$lt", th-1)),
-				update: bson.D{inc,
-					{Key: "$set", Value: set("lastFailureTime", t, "updatedAt", t)},
-					{Key: "$setOnInsert", Value: set("lastSuccessTime", nil, "openedAt", nil, "probeOwner", nil, "probeUntil", nil, "createdAt", t)}},
-				upsert: true,
-			})
+	return c.RecordOutcome(ctx, name, driver.Failure(gen, threshold))
+}
+
+// RecordSuccess implements driver.Circuits as RecordOutcome.
+func (c circuits) RecordSuccess(ctx context.Context, name string, gen int64) (driver.CircuitRecord, error) {
+	return c.RecordOutcome(ctx, name, driver.Success(gen))
+}
+
+// Field values shared by the steps.
+var (
+	incVersion = bson.E{Key: "version", Value: int64(1)}
+	// countsReset are the $set fields of a new counting period (with
+	// intervalStart) or of a state change.
+	countsReset = set("successes", int64(0), "totalFailures", int64(0), "consecutiveSuccesses", int64(0))
+	// opened are the $set fields of an opening but for the times.
+	opened = append(set("state", string(driver.Open), "probeOwner", nil, "probeUntil", nil, "probes", int64(0)), countsReset...)
+)
+
+// cat concatenates field lists.
+func cat(ds ...bson.D) bson.D {
+	var out bson.D
+	for _, d := range ds {
+		out = append(out, d...)
+	}
+	return out
+}
+
+// periodFilters returns, for a closed circuit and a counting interval
+// (> 0) at time t, the filters of a period still running, of an absent
+// period, and of a period over.
+func periodFilters(t time.Time, interval time.Duration) (running, absent, over bson.D) {
+	ts := t.Add(-time.Duration(driver.Millis(interval)) * time.Millisecond)
+	return set("intervalStart", set("$gt", ts)), set("intervalStart", nil), set("intervalStart", set("$lte", ts))
+}
+
+// RecordOutcome implements driver.Circuits: the steps below have disjoint
+// filters, one per case of driver.Circuits.RecordOutcome (state, counting
+// period, threshold, successes in a row), each one atomic update with
+// classic operators; the first that matches is the outcome, in one round
+// trip for the case tried first.
+func (c circuits) RecordOutcome(ctx context.Context, name string, o driver.Outcome) (driver.CircuitRecord, error) {
+	op := map[driver.OutcomeKind]string{driver.OutcomeFailure: "recording circuit failure",
+		driver.OutcomeSuccess: "recording circuit success", driver.OutcomeNone: "recording circuit successes"}[o.Kind]
+	d, applied, err := c.applyGen(ctx, op, name, o.Gen, func(t time.Time) []step {
+		return outcomeSteps(o, t)
+	})
+	if err != nil {
+		return driver.CircuitRecord{}, err
+	}
+	return outcomeRecord(d, applied, name), nil
+}
+
+// outcomeSteps are RecordOutcome's steps for o at time t.
+func outcomeSteps(o driver.Outcome, t time.Time) []step {
+	closed := set("state", string(driver.Closed))
+	insert := bson.E{Key: "$setOnInsert", Value: set("createdAt", t)}
+	insertOpen := bson.E{Key: "$setOnInsert", Value: set("lastSuccessTime", nil, "createdAt", t)}
+	b := max(o.Successes, 0)
+	// closedSteps returns the steps of a closed circuit: inc and sets are
+	// the change within a running period; reset the $set of a new period
+	// (the period's first counts included). below restricts them (the
+	// threshold).
+	closedSteps := func(below bson.D, inc, sets, reset bson.D) []step {
+		upd := func(inc, sets bson.D) bson.D {
+			u := bson.D{{Key: "$set", Value: sets}, insert}
+			if len(inc) > 0 {
+				u = append(u, bson.E{Key: "$inc", Value: inc})
+			}
+			return u
+		}
+		if o.Interval <= 0 {
+			return []step{{filter: cat(closed, below), update: upd(inc, sets), upsert: true}}
+		}
+		running, absent, over := periodFilters(t, o.Interval)
+		return []step{
+			{filter: cat(closed, below, running), update: upd(inc, sets)},
+			{filter: cat(closed, below, absent), update: upd(inc, cat(sets, set("intervalStart", t))), upsert: true},
+			{filter: cat(closed, over), update: upd(set("version", int64(1)), cat(sets, reset, set("intervalStart", t)))},
+		}
+	}
+	var steps []step
+	switch o.Kind {
+	case driver.OutcomeFailure:
+		th := int64(o.Threshold)
+		times := set("lastFailureTime", t, "updatedAt", t)
+		openUpd := bson.D{{Key: "$set", Value: cat(opened, set("openedAt", t), times)},
+			{Key: "$inc", Value: set("failureCount", int64(1), "version", int64(1))}, insertOpen}
+		if th != 1 {
+			var below bson.D
+			if th > 1 {
+				below = set("failureCount", set("$lt", th-1))
+			}
+			steps = closedSteps(below,
+				set("failureCount", int64(1), "totalFailures", int64(1), "successes", b, "version", int64(1)),
+				cat(set("consecutiveSuccesses", int64(0)), times),
+				set("failureCount", int64(1), "totalFailures", int64(1), "successes", b))
+		}
+		// Opening: half-open, or closed at the threshold within its period
+		// (a period over restarts the count at 1, below any threshold > 1).
+		opens := bson.A{set("state", string(driver.HalfOpen))}
+		switch {
+		case th == 1:
+			opens = append(opens, closed)
+		case th > 1 && o.Interval <= 0:
+			opens = append(opens, cat(closed, set("failureCount", set("$gte", th-1))))
+		case th > 1:
+			running, absent, _ := periodFilters(t, o.Interval)
+			opens = append(opens, cat(closed, set("failureCount", set("$gte", th-1)), running),
+				cat(closed, set("failureCount", set("$gte", th-1)), absent))
 		}
 		steps = append(steps,
-			step{ // closed at the threshold, or half-open: opens
-				filter: set("$or", bson.A{
-					set("state", string(driver.HalfOpen)),
-					set("state", string(driver.Closed), "failureCount", set("$gte", th-1)),
-				}),
-				update: bson.D{inc,
-					{Key: "$set", Value: set("state", string(driver.Open), "openedAt", t, "probeOwner", nil, "probeUntil", nil,
-						"lastFailureTime", t, "updatedAt", t)},
-					{Key: "$setOnInsert", Value: set("lastSuccessTime", nil, "createdAt", t)}},
-				upsert: th <= 1,
-			},
-			step{ // open stays open
-				filter: set("state", string(driver.Open)),
-				update: bson.D{inc, {Key: "$set", Value: set("lastFailureTime", t, "updatedAt", t)}},
-			})
-		return steps
-	})
-	if err != nil {
-		return driver.CircuitRecord{}, err
-	}
-	return outcomeRecord(d, applied, name), nil
-}
-
-// RecordSuccess implements driver.Circuits: one update unless the circuit
-// is open.
-func (c circuits) RecordSuccess(ctx context.Context, name string, gen int64) (driver.CircuitRecord, error) {
-	d, applied, err := c.applyGen(ctx, "recording circuit success", name, gen, func(t time.Time) []step {
-		return []step{
-			{
-				filter: set("state", set("$in", bson.A{string(driver.Closed), string(driver.HalfOpen)})),
-				update: bson.D{
-					{Key: "$set", Value: set("state", string(driver.Closed), "failureCount", int64(0), "probeOwner", nil,
-						"probeUntil", nil, "lastSuccessTime", t, "updatedAt", t)},
-					{Key: "$inc", Value: set("version", int64(1))},
-					{Key: "$setOnInsert", Value: set("lastFailureTime", nil, "openedAt", nil, "createdAt", t)}},
-				upsert: true,
-			},
-			{
-				filter: set("state", string(driver.Open)),
-				update: bson.D{{Key: "$set", Value: set("lastSuccessTime", t, "updatedAt", t)}, {Key: "$inc", Value: set("version", int64(1))}},
-			},
+			step{filter: set("$or", opens), update: openUpd, upsert: th == 1},
+			step{filter: set("state", string(driver.Open)),
+				update: bson.D{{Key: "$inc", Value: set("failureCount", int64(1), "version", int64(1))}, {Key: "$set", Value: times}}})
+	case driver.OutcomeSuccess:
+		times := set("lastSuccessTime", t, "updatedAt", t)
+		steps = closedSteps(nil,
+			set("successes", b+1, "consecutiveSuccesses", int64(1), "version", int64(1)),
+			cat(set("failureCount", int64(0)), times),
+			set("successes", b+1, "totalFailures", int64(0), "consecutiveSuccesses", int64(1)))
+		halfOpen := set("state", string(driver.HalfOpen))
+		closes, more := halfOpen, bson.D(nil)
+		if n := int64(o.CloseAfter); n > 1 {
+			closes = cat(halfOpen, set("consecutiveSuccesses", set("$gte", n-1)))
+			more = cat(halfOpen, set("consecutiveSuccesses", set("$not", set("$gte", n-1))))
 		}
-	})
-	if err != nil {
-		return driver.CircuitRecord{}, err
+		steps = append(steps, step{filter: closes, update: bson.D{
+			{Key: "$set", Value: cat(set("state", string(driver.Closed), "failureCount", int64(0), "probeOwner", nil, "probeUntil", nil,
+				"probes", int64(0), "intervalStart", t), countsReset, times)},
+			{Key: "$inc", Value: set("version", int64(1))}}})
+		if more != nil {
+			inc := set("successes", int64(1), "consecutiveSuccesses", int64(1), "version", int64(1))
+			steps = append(steps,
+				step{ // one live slot ends
+					filter: cat(more, set("probeUntil", set("$gt", t), "probes", set("$gte", int64(1)))),
+					update: bson.D{{Key: "$inc", Value: cat(inc, set("probes", int64(-1)))}, {Key: "$set", Value: times}},
+				},
+				step{ // no live slot
+					filter: cat(more, set("$or", bson.A{set("probeUntil", set("$not", set("$gt", t))), set("probes", set("$not", set("$gte", int64(1))))})),
+					update: bson.D{{Key: "$inc", Value: inc}, {Key: "$set", Value: cat(set("probes", int64(0)), times)}},
+				})
+		}
+		steps = append(steps, step{filter: set("state", string(driver.Open)),
+			update: bson.D{{Key: "$set", Value: times}, {Key: "$inc", Value: set("version", int64(1))}}})
+	default: // successes alone: closed only; other states are left as they are
+		steps = closedSteps(nil, set("successes", b, "version", int64(1)), set("updatedAt", t),
+			set("successes", b, "totalFailures", int64(0), "consecutiveSuccesses", int64(0), "failureCount", int64(0)))
+		steps = append(steps, step{filter: set("state", set("$ne", string(driver.Closed))),
+			update: bson.D{{Key: "$inc", Value: set("version", int64(0))}}})
 	}
-	return outcomeRecord(d, applied, name), nil
+	return steps
 }
 
-// TryProbe implements driver.Circuits: one update whose filter grants the
-// slot; when it matches nothing, one read tells why.
-func (c circuits) TryProbe(ctx context.Context, name, owner string, openFor, lease time.Duration) (driver.CircuitRecord, bool, error) {
+// Trip implements driver.Circuits: one update of the closed circuit at
+// version; when it matches nothing, one read returns the current record.
+func (c circuits) Trip(ctx context.Context, name string, version int64) (driver.CircuitRecord, bool, error) {
 	s := c.s
 	sk := s.circPfx + name
 	t := now()
-	due := t.Add(-time.Duration(driver.Millis(openFor)) * time.Millisecond)
-	f := append(s.nsKey(sk), bson.E{Key: "$or", Value: bson.A{
-		set("state", string(driver.Open), "openedAt", set("$lte", due)),
-		set("state", string(driver.Open), "openedAt", nil),
-		set("state", string(driver.HalfOpen), "probeOwner", nil),
-		set("state", string(driver.HalfOpen), "probeOwner", owner),
-		set("state", string(driver.HalfOpen), "probeUntil", set("$lte", t)),
-	}})
-	u := bson.D{
-		{Key: "$set", Value: set("state", string(driver.HalfOpen), "probeOwner", owner, "probeUntil", after(t, lease), "updatedAt", t)},
-		{Key: "$inc", Value: set("version", int64(1))},
-	}
+	f := append(s.nsKey(sk), set("state", string(driver.Closed), "version", version)...)
+	u := bson.D{{Key: "$set", Value: cat(opened, set("openedAt", t, "updatedAt", t))}, {Key: "$inc", Value: set("version", int64(1))}}
 	var d circDoc
 	err := s.circs.FindOneAndUpdate(ctx, f, u, circAfter).Decode(&d)
 	if err == nil {
@@ -243,6 +330,61 @@ func (c circuits) TryProbe(ctx context.Context, name, owner string, openFor, lea
 	}
 	if !errors.Is(err, mongo.ErrNoDocuments) {
 		return driver.CircuitRecord{}, false, ctxErr(ctx, err)
+	}
+	rec, _, err := c.Get(ctx, name)
+	return rec, false, err
+}
+
+// TryProbe implements driver.Circuits as TryProbes with one slot.
+func (c circuits) TryProbe(ctx context.Context, name, owner string, openFor, lease time.Duration) (driver.CircuitRecord, bool, error) {
+	return c.TryProbes(ctx, name, owner, openFor, lease, 1)
+}
+
+// TryProbes implements driver.Circuits: one update per way of granting a
+// slot (open and due; the newest holder again; a free slot among live
+// ones; every slot lapsed), with disjoint filters; when none matches, one
+// read tells why.
+func (c circuits) TryProbes(ctx context.Context, name, owner string, openFor, lease time.Duration, maxProbes int) (driver.CircuitRecord, bool, error) {
+	s := c.s
+	sk := s.circPfx + name
+	t := now()
+	due := t.Add(-time.Duration(driver.Millis(openFor)) * time.Millisecond)
+	until := after(t, lease)
+	grant := set("probeOwner", owner, "probeUntil", until, "updatedAt", t)
+	halfOpen := set("state", string(driver.HalfOpen))
+	live := set("probeUntil", set("$gt", t))
+	steps := []step{
+		{
+			filter: set("$or", bson.A{
+				set("state", string(driver.Open), "openedAt", set("$lte", due)),
+				set("state", string(driver.Open), "openedAt", nil),
+			}),
+			update: bson.D{{Key: "$set", Value: cat(set("state", string(driver.HalfOpen), "probes", int64(1)), countsReset, grant)},
+				{Key: "$inc", Value: set("version", int64(1))}},
+		},
+		{
+			filter: cat(halfOpen, live, set("probeOwner", owner)),
+			update: bson.D{{Key: "$set", Value: grant}, {Key: "$max", Value: set("probes", int64(1))}, {Key: "$inc", Value: set("version", int64(1))}},
+		},
+		{
+			filter: cat(halfOpen, live, set("probeOwner", set("$ne", owner)), set("probes", set("$not", set("$gte", int64(maxProbes))))),
+			update: bson.D{{Key: "$set", Value: grant}, {Key: "$inc", Value: set("probes", int64(1), "version", int64(1))}},
+		},
+		{
+			filter: cat(halfOpen, set("probeUntil", set("$not", set("$gt", t)))),
+			update: bson.D{{Key: "$set", Value: cat(set("probes", int64(1)), grant)}, {Key: "$inc", Value: set("version", int64(1))}},
+		},
+	}
+	for _, st := range steps {
+		var d circDoc
+		err := s.circs.FindOneAndUpdate(ctx, append(s.nsKey(sk), st.filter...), st.update, circAfter).Decode(&d)
+		if err == nil {
+			s.emitCircuit(ctx, sk, &d, t)
+			return d.record(name), true, nil
+		}
+		if !errors.Is(err, mongo.ErrNoDocuments) {
+			return driver.CircuitRecord{}, false, ctxErr(ctx, err)
+		}
 	}
 	rec, _, err := c.Get(ctx, name)
 	return rec, false, err
@@ -265,10 +407,10 @@ func (c circuits) Get(ctx context.Context, name string) (driver.CircuitRecord, b
 // Set implements driver.Circuits: one upsert.
 func (c circuits) Set(ctx context.Context, name string, state driver.CircuitState) (driver.CircuitRecord, error) {
 	d, err := c.apply(ctx, "setting circuit", name, func(t time.Time) []step {
-		st := set("state", string(state), "probeOwner", nil, "probeUntil", nil, "updatedAt", t)
+		st := cat(set("state", string(state), "probeOwner", nil, "probeUntil", nil, "probes", int64(0), "updatedAt", t), countsReset)
 		ins := set("lastFailureTime", nil, "lastSuccessTime", nil, "createdAt", t)
 		if state == driver.Closed {
-			st = append(st, bson.E{Key: "failureCount", Value: int64(0)})
+			st = append(st, bson.E{Key: "failureCount", Value: int64(0)}, bson.E{Key: "intervalStart", Value: t})
 		} else {
 			ins = append(ins, bson.E{Key: "failureCount", Value: int64(0)})
 		}
@@ -314,23 +456,4 @@ func (c circuits) List(ctx context.Context, pattern driver.Pattern) ([]driver.Ci
 	})
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, err
-}
-
-// errNoCounts is returned by the gobreaker-parity operations until this
-// store implements them.
-var errNoCounts = errors.New("mongo: circuit counts, trips and concurrent probes are not implemented yet: " + errors.ErrUnsupported.Error())
-
-// RecordOutcome implements driver.Circuits.
-func (c circuits) RecordOutcome(ctx context.Context, name string, o driver.Outcome) (driver.CircuitRecord, error) {
-	return driver.CircuitRecord{}, errNoCounts
-}
-
-// Trip implements driver.Circuits.
-func (c circuits) Trip(ctx context.Context, name string, version int64) (driver.CircuitRecord, bool, error) {
-	return driver.CircuitRecord{}, false, errNoCounts
-}
-
-// TryProbes implements driver.Circuits.
-func (c circuits) TryProbes(ctx context.Context, name, owner string, openFor, lease time.Duration, maxProbes int) (driver.CircuitRecord, bool, error) {
-	return driver.CircuitRecord{}, false, errNoCounts
 }

@@ -22,8 +22,11 @@ func (c circuits) scan(r rowScanner) (driver.CircuitRecord, bool, error) {
 		failures, version               sql.NullInt64
 		lastFail, lastOK, opened, until sql.NullInt64
 		updated                         sql.NullInt64
+		succ, totF, consOK, intStart    sql.NullInt64
+		probes                          sql.NullInt64
 	)
-	if err := r.Scan(&key, &state, &failures, &lastFail, &lastOK, &opened, &probeOwner, &until, &version, &updated); err != nil {
+	if err := r.Scan(&key, &state, &failures, &lastFail, &lastOK, &opened, &probeOwner, &until, &version, &updated,
+		&succ, &totF, &consOK, &intStart, &probes); err != nil {
 		return driver.CircuitRecord{}, false, err
 	}
 	name, ok := strings.CutPrefix(key.String, c.s.circPfx)
@@ -42,6 +45,12 @@ func (c circuits) scan(r rowScanner) (driver.CircuitRecord, bool, error) {
 		ProbeUntil:  nullMsTime(until),
 		Version:     version.Int64,
 		UpdatedAt:   nullMsTime(updated),
+
+		Successes:            succ.Int64,
+		TotalFailures:        totF.Int64,
+		ConsecutiveSuccesses: consOK.Int64,
+		IntervalStart:        nullMsTime(intStart),
+		Probes:               probes.Int64,
 	}, ok, nil
 }
 
@@ -56,28 +65,51 @@ func (c circuits) writeRow(ctx context.Context, query string, args func(now int6
 	return rec, err
 }
 
-// RecordFailure implements driver.Circuits in one upsert (generation 0 or
-// any) or update (a generation above 0), conditional on the generation.
+// RecordFailure implements driver.Circuits as RecordOutcome.
 func (c circuits) RecordFailure(ctx context.Context, name string, threshold int, gen int64) (driver.CircuitRecord, error) {
-	q := c.s.q.circFailure
-	if gen > 0 {
-		q = c.s.q.circFailureGen
+	return c.RecordOutcome(ctx, name, driver.Failure(gen, threshold))
+}
+
+// RecordSuccess implements driver.Circuits as RecordOutcome.
+func (c circuits) RecordSuccess(ctx context.Context, name string, gen int64) (driver.CircuitRecord, error) {
+	return c.RecordOutcome(ctx, name, driver.Success(gen))
+}
+
+// outcomeKinds are the :kind values of the outcome statements.
+var outcomeKinds = map[driver.OutcomeKind]int64{driver.OutcomeNone: 0, driver.OutcomeSuccess: 1, driver.OutcomeFailure: 2}
+
+// RecordOutcome implements driver.Circuits in one upsert (generation 0 or
+// any) or update (a generation above 0), conditional on the generation;
+// an outcome that does not apply (another generation, or successes alone
+// on a circuit that is not closed) returns the current record.
+func (c circuits) RecordOutcome(ctx context.Context, name string, o driver.Outcome) (driver.CircuitRecord, error) {
+	q := c.s.q.circOutcome
+	if o.Gen > 0 {
+		q = c.s.q.circOutcomeGen
 	}
 	return c.outcome(ctx, name, q, func(now int64) []any {
-		return []any{sql.Named("key", c.s.circPfx+name), sql.Named("th", int64(threshold)), sql.Named("now", now), sql.Named("gen", gen)}
+		return []any{sql.Named("key", c.s.circPfx+name), sql.Named("now", now), sql.Named("gen", o.Gen),
+			sql.Named("kind", outcomeKinds[o.Kind]), sql.Named("b", max(o.Successes, 0)), sql.Named("th", int64(o.Threshold)),
+			sql.Named("ca", int64(o.CloseAfter)), sql.Named("iv", driver.Millis(o.Interval))}
 	})
 }
 
-// RecordSuccess implements driver.Circuits in one upsert or update,
-// conditional on the generation, as RecordFailure.
-func (c circuits) RecordSuccess(ctx context.Context, name string, gen int64) (driver.CircuitRecord, error) {
-	q := c.s.q.circSuccess
-	if gen > 0 {
-		q = c.s.q.circSuccessGen
-	}
-	return c.outcome(ctx, name, q, func(now int64) []any {
-		return []any{sql.Named("key", c.s.circPfx+name), sql.Named("now", now), sql.Named("gen", gen)}
+// Trip implements driver.Circuits in one conditional update.
+func (c circuits) Trip(ctx context.Context, name string, version int64) (driver.CircuitRecord, bool, error) {
+	rec, err := c.writeRow(ctx, c.s.q.circTrip, func(now int64) []any {
+		return []any{sql.Named("key", c.s.circPfx+name), sql.Named("now", now), sql.Named("v", version)}
 	})
+	if err == nil {
+		return rec, true, nil
+	}
+	if !errors.Is(err, sql.ErrNoRows) {
+		return rec, false, err
+	}
+	rec, found, err := c.Get(ctx, name)
+	if err == nil && !found {
+		rec = driver.CircuitRecord{Name: name, State: driver.Closed}
+	}
+	return rec, false, err
 }
 
 // outcome runs an outcome's upsert; when it applies to nothing (the
@@ -94,9 +126,14 @@ func (c circuits) outcome(ctx context.Context, name, query string, args func(now
 	return rec, err
 }
 
-// TryProbe implements driver.Circuits. The grant is one conditional
-// update; when it does not apply, the record returned tells why.
+// TryProbe implements driver.Circuits as TryProbes with one slot.
 func (c circuits) TryProbe(ctx context.Context, name, owner string, openFor, lease time.Duration) (driver.CircuitRecord, bool, error) {
+	return c.TryProbes(ctx, name, owner, openFor, lease, 1)
+}
+
+// TryProbes implements driver.Circuits. The grant is one conditional
+// update; when it does not apply, the record returned tells why.
+func (c circuits) TryProbes(ctx context.Context, name, owner string, openFor, lease time.Duration, maxProbes int) (driver.CircuitRecord, bool, error) {
 	s := c.s
 	sk := s.circPfx + name
 	var rec driver.CircuitRecord
@@ -105,7 +142,7 @@ func (c circuits) TryProbe(ctx context.Context, name, owner string, openFor, lea
 		now := nowMs()
 		r, _, err := c.scan(s.queryRow(ctx, tx, s.q.circProbe,
 			sql.Named("key", sk), sql.Named("owner", owner), sql.Named("now", now),
-			sql.Named("until", now+driver.Millis(lease)), sql.Named("openfor", driver.Millis(openFor))))
+			sql.Named("until", now+driver.Millis(lease)), sql.Named("openfor", driver.Millis(openFor)), sql.Named("max", int64(maxProbes))))
 		switch {
 		case err == nil:
 			rec, granted = r, true
@@ -129,7 +166,7 @@ func (c circuits) TryProbe(ctx context.Context, name, owner string, openFor, lea
 	if !found {
 		return driver.CircuitRecord{Name: name, State: driver.Closed}, false, nil
 	}
-	if !probeAllowed(cur, owner, openFor, msTime(nowMs())) {
+	if !probeAllowed(cur, owner, openFor, maxProbes, msTime(nowMs())) {
 		return cur, false, nil
 	}
 	err = s.tx(ctx, func(tx *sql.Tx) error {
@@ -151,12 +188,12 @@ func (c circuits) TryProbe(ctx context.Context, name, owner string, openFor, lea
 }
 
 // probeAllowed is the grant condition of circProbe, evaluated on a record.
-func probeAllowed(r driver.CircuitRecord, owner string, openFor time.Duration, now time.Time) bool {
+func probeAllowed(r driver.CircuitRecord, owner string, openFor time.Duration, maxProbes int, now time.Time) bool {
 	switch r.State {
 	case driver.Open:
 		return !r.OpenedAt.Add(time.Duration(driver.Millis(openFor)) * time.Millisecond).After(now)
 	case driver.HalfOpen:
-		return r.ProbeOwner == "" || r.ProbeOwner == owner || !r.ProbeUntil.After(now)
+		return r.ProbeOwner == owner || r.LiveProbes(now) < int64(maxProbes) || !r.ProbeUntil.After(now)
 	}
 	return false
 }
@@ -208,23 +245,4 @@ func (c circuits) List(ctx context.Context, pattern driver.Pattern) ([]driver.Ci
 		}
 	}
 	return out, ctxErr(ctx, rows.Err())
-}
-
-// errNoCounts is returned by the gobreaker-parity operations until this
-// store implements them.
-var errNoCounts = errors.New("sqlite: circuit counts, trips and concurrent probes are not implemented yet: " + errors.ErrUnsupported.Error())
-
-// RecordOutcome implements driver.Circuits.
-func (c circuits) RecordOutcome(ctx context.Context, name string, o driver.Outcome) (driver.CircuitRecord, error) {
-	return driver.CircuitRecord{}, errNoCounts
-}
-
-// Trip implements driver.Circuits.
-func (c circuits) Trip(ctx context.Context, name string, version int64) (driver.CircuitRecord, bool, error) {
-	return driver.CircuitRecord{}, false, errNoCounts
-}
-
-// TryProbes implements driver.Circuits.
-func (c circuits) TryProbes(ctx context.Context, name, owner string, openFor, lease time.Duration, maxProbes int) (driver.CircuitRecord, bool, error) {
-	return driver.CircuitRecord{}, false, errNoCounts
 }

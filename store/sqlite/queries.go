@@ -10,7 +10,7 @@ import (
 type queries struct {
 	lockAcquire, lockHolder, lockRefresh, lockRelease, lockForce, lockGet, lockList string
 
-	circFailure, circFailureGen, circSuccess, circSuccessGen, circProbe, circGet, circSet, circDelete, circList string
+	circOutcome, circOutcomeGen, circTrip, circProbe, circGet, circSet, circDelete, circList string
 
 	cacheGet, cacheSet, cacheSetIfAbsent, cacheDelete, cacheHas, cacheClear, cacheKeys string
 
@@ -39,7 +39,8 @@ func sub(c config, s string) string {
 }
 
 const lockCols = `owner, token, acquired_at, expires_at`
-const circCols = `key, state, failure_count, last_failure_time, last_success_time, opened_at, probe_owner, probe_until, version, updated_at`
+const circCols = `key, state, failure_count, last_failure_time, last_success_time, opened_at, probe_owner, probe_until, version, updated_at, ` +
+	`successes, total_failures, consecutive_successes, interval_start, probes`
 const idemCols = `key, status, owner, fingerprint, result, created_at, expires_at`
 const cpCols = `task_id, sequence, timestamp, progress, data, estimated_time_remaining, token`
 
@@ -85,50 +86,98 @@ WHERE namespace = :ns AND key = :key AND released_at IS NULL AND expires_at > :n
 	// for a generation above 0 the circuit must exist, and it is a plain
 	// update of that generation. Either way, an outcome of another
 	// generation changes nothing and returns no row.
-	failSet := `
-	state = CASE
-		WHEN {C}.state IN ('open', 'half-open') THEN 'open'
-		WHEN {C}.failure_count + 1 >= :th THEN 'open'
-		ELSE 'closed' END,
-	opened_at = CASE
-		WHEN {C}.state = 'open' THEN {C}.opened_at
-		WHEN {C}.state = 'half-open' OR {C}.failure_count + 1 >= :th THEN :now
-		ELSE {C}.opened_at END,
-	probe_owner = CASE WHEN {C}.state = 'open' OR {C}.state = 'half-open' OR {C}.failure_count + 1 >= :th THEN NULL ELSE {C}.probe_owner END,
-	probe_until = CASE WHEN {C}.state = 'open' OR {C}.state = 'half-open' OR {C}.failure_count + 1 >= :th THEN NULL ELSE {C}.probe_until END,
-	failure_count = {C}.failure_count + 1,
-	last_failure_time = :now,
+	// RecordOutcome is one statement: :kind is 2 for a failure, 1 for a
+	// success, 0 for successes alone (:b, batched); :th the threshold (0:
+	// never by count), :ca the successes that close a half-open circuit,
+	// :iv the counting interval in ms (0: none). Every expression sees the
+	// row as it was (SQLite evaluates SET against the old row).
+	closed := `{C}.state NOT IN ('open', 'half-open')`
+	over := `(:iv > 0 AND {C}.interval_start IS NOT NULL AND {C}.interval_start + :iv <= :now)`
+	kept := func(col string) string { return `(CASE WHEN ` + over + ` THEN 0 ELSE {C}.` + col + ` END)` }
+	opens := `(:kind = 2 AND ({C}.state = 'half-open' OR (` + closed + ` AND :th > 0 AND ` + kept("failure_count") + ` + 1 >= :th)))`
+	closes := `(:kind = 1 AND {C}.state = 'half-open' AND {C}.consecutive_successes + 1 >= MAX(:ca, 1))`
+	outcomeSet := `
+	state = CASE WHEN ` + opens + ` THEN 'open' WHEN ` + closes + ` THEN 'closed' WHEN ` + closed + ` THEN 'closed' ELSE {C}.state END,
+	failure_count = CASE
+		WHEN :kind = 2 AND ` + closed + ` THEN ` + kept("failure_count") + ` + 1
+		WHEN :kind = 2 THEN {C}.failure_count + 1
+		WHEN ` + closes + ` OR (:kind = 1 AND ` + closed + `) THEN 0
+		WHEN ` + closed + ` THEN ` + kept("failure_count") + `
+		ELSE {C}.failure_count END,
+	successes = CASE
+		WHEN ` + opens + ` OR ` + closes + ` THEN 0
+		WHEN ` + closed + ` THEN ` + kept("successes") + ` + :b + (:kind = 1)
+		WHEN {C}.state = 'half-open' AND :kind = 1 THEN {C}.successes + 1
+		ELSE {C}.successes END,
+	total_failures = CASE
+		WHEN ` + opens + ` OR ` + closes + ` THEN 0
+		WHEN ` + closed + ` THEN ` + kept("total_failures") + ` + (:kind = 2)
+		ELSE {C}.total_failures END,
+	consecutive_successes = CASE
+		WHEN ` + opens + ` OR ` + closes + ` OR (:kind = 2 AND ` + closed + `) THEN 0
+		WHEN ` + closed + ` THEN ` + kept("consecutive_successes") + ` + (:kind = 1)
+		WHEN {C}.state = 'half-open' AND :kind = 1 THEN {C}.consecutive_successes + 1
+		ELSE {C}.consecutive_successes END,
+	interval_start = CASE
+		WHEN ` + closes + ` THEN :now
+		WHEN ` + opens + ` THEN {C}.interval_start
+		WHEN ` + closed + ` AND :iv > 0 AND ({C}.interval_start IS NULL OR ` + over + `) THEN :now
+		ELSE {C}.interval_start END,
+	probes = CASE
+		WHEN ` + opens + ` OR ` + closes + ` THEN 0
+		WHEN {C}.state = 'half-open' AND :kind = 1 THEN
+			CASE WHEN COALESCE({C}.probe_until, 0) > :now AND {C}.probes >= 1 THEN {C}.probes - 1 ELSE 0 END
+		ELSE {C}.probes END,
+	opened_at = CASE WHEN ` + opens + ` THEN :now ELSE {C}.opened_at END,
+	probe_owner = CASE WHEN ` + opens + ` OR ` + closes + ` THEN NULL ELSE {C}.probe_owner END,
+	probe_until = CASE WHEN ` + opens + ` OR ` + closes + ` THEN NULL ELSE {C}.probe_until END,
+	last_failure_time = CASE WHEN :kind = 2 THEN :now ELSE {C}.last_failure_time END,
+	last_success_time = CASE WHEN :kind = 1 THEN :now ELSE {C}.last_success_time END,
 	version = {C}.version + 1,
 	updated_at = :now`
-	successSet := `
-	state = CASE WHEN {C}.state = 'open' THEN 'open' ELSE 'closed' END,
-	failure_count = CASE WHEN {C}.state = 'open' THEN {C}.failure_count ELSE 0 END,
-	probe_owner = CASE WHEN {C}.state = 'open' THEN {C}.probe_owner ELSE NULL END,
-	probe_until = CASE WHEN {C}.state = 'open' THEN {C}.probe_until ELSE NULL END,
-	last_success_time = :now,
-	version = {C}.version + 1,
-	updated_at = :now`
-	genUpsert := "\nWHERE :gen < 0 OR COALESCE({C}.opened_at, 0) = :gen\nRETURNING " + circCols
-	genUpdate := "\nWHERE namespace = :ns AND key = :key AND opened_at = :gen\nRETURNING " + circCols
-	q.circFailure = sub(c, `INSERT INTO {C} (namespace, key, state, failure_count, last_failure_time, last_success_time, opened_at, probe_owner, probe_until, version, updated_at)
-VALUES (:ns, :key, CASE WHEN :th <= 1 THEN 'open' ELSE 'closed' END, 1, :now, NULL, CASE WHEN :th <= 1 THEN :now END, NULL, NULL, 1, :now)
-ON CONFLICT (namespace, key) DO UPDATE SET`+failSet+genUpsert)
-	q.circFailureGen = sub(c, `UPDATE {C} SET`+failSet+genUpdate)
-	q.circSuccess = sub(c, `INSERT INTO {C} (namespace, key, state, failure_count, last_failure_time, last_success_time, opened_at, probe_owner, probe_until, version, updated_at)
-VALUES (:ns, :key, 'closed', 0, NULL, :now, NULL, NULL, NULL, 1, :now)
-ON CONFLICT (namespace, key) DO UPDATE SET`+successSet+genUpsert)
-	q.circSuccessGen = sub(c, `UPDATE {C} SET`+successSet+genUpdate)
+	// Successes alone change only a closed circuit.
+	applies := ` AND NOT (:kind = 0 AND {C}.state IN ('open', 'half-open'))`
+	genUpsert := "\nWHERE (:gen < 0 OR COALESCE({C}.opened_at, 0) = :gen)" + applies + "\nRETURNING " + circCols
+	genUpdate := "\nWHERE namespace = :ns AND key = :key AND opened_at = :gen" + applies + "\nRETURNING " + circCols
+	insOpens := `(:kind = 2 AND :th = 1)`
+	q.circOutcome = sub(c, `INSERT INTO {C} (namespace, key, state, failure_count, last_failure_time, last_success_time, opened_at, probe_owner, probe_until, version, updated_at,
+	successes, total_failures, consecutive_successes, interval_start, probes)
+VALUES (:ns, :key, CASE WHEN `+insOpens+` THEN 'open' ELSE 'closed' END, (:kind = 2), CASE WHEN :kind = 2 THEN :now END,
+	CASE WHEN :kind = 1 THEN :now END, CASE WHEN `+insOpens+` THEN :now END, NULL, NULL, 1, :now,
+	CASE WHEN `+insOpens+` THEN 0 ELSE :b + (:kind = 1) END, CASE WHEN `+insOpens+` THEN 0 ELSE (:kind = 2) END, (:kind = 1),
+	CASE WHEN :iv > 0 AND NOT `+insOpens+` THEN :now END, 0)
+ON CONFLICT (namespace, key) DO UPDATE SET`+outcomeSet+genUpsert)
+	q.circOutcomeGen = sub(c, `UPDATE {C} SET`+outcomeSet+genUpdate)
+	q.circTrip = sub(c, `UPDATE {C} SET
+	state = 'open', opened_at = :now, probe_owner = NULL, probe_until = NULL, probes = 0,
+	successes = 0, total_failures = 0, consecutive_successes = 0, version = version + 1, updated_at = :now
+WHERE namespace = :ns AND key = :key AND state NOT IN ('open', 'half-open') AND version = :v
+RETURNING `+circCols)
+	// A probe slot: open and due → half-open, the first slot; half-open
+	// with every slot lapsed → the first slot; the newest slot's holder →
+	// its slot again; a free slot among live ones → one more.
 	q.circProbe = sub(c, `UPDATE {C} SET
+	probes = CASE
+		WHEN state = 'open' OR COALESCE(probe_until, 0) <= :now THEN 1
+		WHEN probe_owner = :owner THEN MAX(probes, 1)
+		ELSE probes + 1 END,
+	successes = CASE WHEN state = 'open' THEN 0 ELSE successes END,
+	total_failures = CASE WHEN state = 'open' THEN 0 ELSE total_failures END,
+	consecutive_successes = CASE WHEN state = 'open' THEN 0 ELSE consecutive_successes END,
 	state = 'half-open', probe_owner = :owner, probe_until = :until, version = version + 1, updated_at = :now
 WHERE namespace = :ns AND key = :key AND (
 	(state = 'open' AND COALESCE(opened_at, 0) + :openfor <= :now)
-	OR (state = 'half-open' AND (probe_owner IS NULL OR probe_owner = :owner OR COALESCE(probe_until, 0) <= :now)))
+	OR (state = 'half-open' AND (COALESCE(probe_until, 0) <= :now OR probe_owner = :owner OR probes < :max)))
 RETURNING `+circCols)
 	q.circGet = sub(c, `SELECT `+circCols+` FROM {C} WHERE namespace = :ns AND key = :key`)
-	q.circSet = sub(c, `INSERT INTO {C} (namespace, key, state, failure_count, last_failure_time, last_success_time, opened_at, probe_owner, probe_until, version, updated_at)
-VALUES (:ns, :key, :state, 0, NULL, NULL, CASE WHEN :state = 'open' THEN :now END, NULL, NULL, 1, :now)
+	q.circSet = sub(c, `INSERT INTO {C} (namespace, key, state, failure_count, last_failure_time, last_success_time, opened_at, probe_owner, probe_until, version, updated_at,
+	successes, total_failures, consecutive_successes, interval_start, probes)
+VALUES (:ns, :key, :state, 0, NULL, NULL, CASE WHEN :state = 'open' THEN :now END, NULL, NULL, 1, :now,
+	0, 0, 0, CASE WHEN :state = 'closed' THEN :now END, 0)
 ON CONFLICT (namespace, key) DO UPDATE SET
 	state = :state,
+	successes = 0, total_failures = 0, consecutive_successes = 0, probes = 0,
+	interval_start = CASE WHEN :state = 'closed' THEN :now ELSE {C}.interval_start END,
 	failure_count = CASE WHEN :state = 'closed' THEN 0 ELSE {C}.failure_count END,
 	opened_at = CASE WHEN :state = 'open' THEN :now ELSE {C}.opened_at END,
 	probe_owner = NULL,

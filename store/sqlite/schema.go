@@ -87,6 +87,13 @@ func newLayout(c config) layout {
 			{"probe_until", "INTEGER", "INTEGER"},
 			{"version", "INTEGER NOT NULL DEFAULT 0", "INTEGER NOT NULL DEFAULT 0"},
 			{"updated_at", "INTEGER NOT NULL", "INTEGER"},
+			// The counts (breaker gobreaker parity); rows of writers that
+			// do not keep them read 0.
+			{"successes", "INTEGER NOT NULL DEFAULT 0", "INTEGER NOT NULL DEFAULT 0"},
+			{"total_failures", "INTEGER NOT NULL DEFAULT 0", "INTEGER NOT NULL DEFAULT 0"},
+			{"consecutive_successes", "INTEGER NOT NULL DEFAULT 0", "INTEGER NOT NULL DEFAULT 0"},
+			{"interval_start", "INTEGER", "INTEGER"},
+			{"probes", "INTEGER NOT NULL DEFAULT 0", "INTEGER NOT NULL DEFAULT 0"},
 		}},
 		{name: K, unique: "namespace,key", suffix: "PRIMARY KEY (namespace, key)", cols: []column{
 			{"namespace", nsDecl, nsDecl},
