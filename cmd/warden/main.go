@@ -33,9 +33,15 @@
 //     found, 5 store unreachable, 6 lease lost, 130 interrupted; `lock run`
 //     otherwise exits with its command's code. "Unreachable" is a --timeout
 //     that ran out, a network error (net.Error, connection refused, reset or
-//     aborted, host or network unreachable), or an SQLite file that cannot be
-//     opened, is not a database or cannot be read; a store that answers with
-//     an error (a busy SQLite file included) is an error, 1.
+//     aborted, host or network unreachable), a MySQL login or database the
+//     server refuses, or an SQLite file that cannot be opened, is not a
+//     database, cannot be read, is missing (for a command that only reads)
+//     or is read-only (for a write); a store that answers with an error (a
+//     busy SQLite file included) is an error, 1.
+//   - Commands that only read open a SQLite store read-only: they work on a
+//     read-only file and never create a database at a mistyped path.
+//   - Flags are GNU-style (spf13/cobra and pflag); `warden completion
+//     bash|zsh|fish|powershell` prints a completion script.
 //   - `lock run` waits for the lock until interrupted unless --wait or
 //     --no-wait says otherwise. Its command runs in its own process group:
 //     warden forwards SIGINT, SIGTERM and SIGHUP to it, and when the lease is
