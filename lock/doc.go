@@ -69,9 +69,12 @@
 //
 // # Watching
 //
-// [Locker.Watch] streams acquire and release events for keys matching a
-// glob, from every process: the store's notifications where it has them,
-// otherwise a poller that lists the locks every PollInterval.
+// [Locker.Watch] streams acquire, release and expiry events for keys
+// matching a glob, from every process: the store's notifications where it
+// has them (with a holding that lapses reported expired about PollInterval
+// after its expiry), otherwise a poller that lists the locks every
+// PollInterval and begins its stream with an EventsLost event (Err:
+// [ErrPolled]) saying that holdings between two polls are not seen.
 //
 // # Owners and keys
 //
