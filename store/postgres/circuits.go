@@ -3,7 +3,6 @@ package postgres
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"strings"
 	"time"
 
@@ -21,10 +20,13 @@ type circRow struct {
 	probe                            sql.NullString
 	failures, version                int64
 	lastF, lastS, opened, until, upd sql.NullTime
+	succ, tf, cs, probes             int64
+	ist                              sql.NullTime
 }
 
 func (r *circRow) dest() []any {
-	return []any{&r.sk, &r.state, &r.failures, &r.lastF, &r.lastS, &r.opened, &r.probe, &r.until, &r.version, &r.upd}
+	return []any{&r.sk, &r.state, &r.failures, &r.lastF, &r.lastS, &r.opened, &r.probe, &r.until, &r.version, &r.upd,
+		&r.succ, &r.tf, &r.cs, &r.ist, &r.probes}
 }
 
 func (c circuits) record(r *circRow) driver.CircuitRecord {
@@ -36,60 +38,89 @@ func (c circuits) record(r *circRow) driver.CircuitRecord {
 		Name: strings.TrimPrefix(r.sk, c.s.circPfx), State: st, Failures: r.failures,
 		LastFailure: utc(r.lastF), LastSuccess: utc(r.lastS), OpenedAt: utc(r.opened),
 		ProbeOwner: r.probe.String, ProbeUntil: utc(r.until), Version: r.version, UpdatedAt: utc(r.upd),
+		Successes: r.succ, TotalFailures: r.tf, ConsecutiveSuccesses: r.cs, IntervalStart: utc(r.ist), Probes: r.probes,
 	}
 }
 
-// write runs a change statement that returns the row (and a count of
-// notifications). changed reports whether the statement changed the row;
-// with no row at all, the current record is read (absent: closed).
-func (c circuits) write(ctx context.Context, name, query string, args ...any) (rec driver.CircuitRecord, changed bool, err error) {
-	var r circRow
-	var events int64
-	found, err := c.s.row(ctx, query, args, append(r.dest(), &events)...)
-	if err != nil {
-		return driver.CircuitRecord{}, false, err
+// write runs a change statement that returns the row it produced, or the
+// current row when it changed nothing (with a count of notifications:
+// changed reports whether it changed the row). A statement that returns
+// no row changed nothing: if retry, it lost a race to a concurrent first
+// insert and runs again; otherwise the circuit is read (absent: closed).
+func (c circuits) write(ctx context.Context, name string, retryEmpty bool, query string, args ...any) (rec driver.CircuitRecord, changed bool, err error) {
+	for range raceAttempts {
+		var r circRow
+		var events int64
+		found, err := c.s.row(ctx, query, args, append(r.dest(), &events)...)
+		if err != nil {
+			return driver.CircuitRecord{}, false, err
+		}
+		if found {
+			return c.record(&r), events > 0, nil
+		}
+		if retryEmpty {
+			continue
+		}
+		rec, found, err = c.Get(ctx, name)
+		if err != nil {
+			return driver.CircuitRecord{}, false, err
+		}
+		if !found {
+			rec = driver.CircuitRecord{Name: name, State: driver.Closed}
+		}
+		return rec, false, nil
 	}
-	if found {
-		return c.record(&r), events > 0, nil
-	}
-	rec, found, err = c.Get(ctx, name)
-	if err != nil {
-		return driver.CircuitRecord{}, false, err
-	}
-	if !found {
-		rec = driver.CircuitRecord{Name: name, State: driver.Closed}
-	}
-	return rec, false, nil
+	return driver.CircuitRecord{}, false, errRace
 }
 
-// RecordFailure implements driver.Circuits: an upsert guarded by the
-// generation (generation 0 or any), or an update of that generation.
+// RecordFailure implements driver.Circuits.
 func (c circuits) RecordFailure(ctx context.Context, name string, threshold int, gen int64) (driver.CircuitRecord, error) {
-	q := c.s.q.circFailure
-	if gen > 0 {
-		q = c.s.q.circFailureGen
-	}
-	rec, _, err := c.write(ctx, name, q, c.s.prefix, c.s.circPfx+name, int64(threshold), gen)
-	return rec, err
+	return c.RecordOutcome(ctx, name, driver.Failure(gen, threshold))
 }
 
-// RecordSuccess implements driver.Circuits, as RecordFailure.
+// RecordSuccess implements driver.Circuits.
 func (c circuits) RecordSuccess(ctx context.Context, name string, gen int64) (driver.CircuitRecord, error) {
-	q := c.s.q.circSuccess
-	if gen > 0 {
-		q = c.s.q.circSuccessGen
+	return c.RecordOutcome(ctx, name, driver.Success(gen))
+}
+
+// RecordOutcome implements driver.Circuits in one statement. An outcome
+// of generation 0 or any applies to an absent circuit (creating it); one
+// of a later generation needs the circuit, so for it an empty answer
+// means another generation.
+func (c circuits) RecordOutcome(ctx context.Context, name string, o driver.Outcome) (driver.CircuitRecord, error) {
+	var kind int32
+	switch o.Kind {
+	case driver.OutcomeSuccess:
+		kind = 1
+	case driver.OutcomeFailure:
+		kind = 2
 	}
-	rec, _, err := c.write(ctx, name, q, c.s.prefix, c.s.circPfx+name, gen)
+	var iv int64
+	if o.Interval > 0 {
+		iv = driver.Millis(o.Interval)
+	}
+	rec, _, err := c.write(ctx, name, o.Gen <= 0, c.s.q.circOutcome, c.s.prefix, c.s.circPfx+name, kind, o.Gen,
+		max(o.Successes, 0), int64(o.Threshold), int64(o.CloseAfter), iv)
 	return rec, err
 }
 
-// TryProbe implements driver.Circuits in one conditional update.
+// Trip implements driver.Circuits in one conditional update.
+func (c circuits) Trip(ctx context.Context, name string, version int64) (driver.CircuitRecord, bool, error) {
+	return c.write(ctx, name, false, c.s.q.circTrip, c.s.prefix, c.s.circPfx+name, version)
+}
+
+// TryProbe implements driver.Circuits.
 func (c circuits) TryProbe(ctx context.Context, name, owner string, openFor, lease time.Duration) (driver.CircuitRecord, bool, error) {
+	return c.TryProbes(ctx, name, owner, openFor, lease, 1)
+}
+
+// TryProbes implements driver.Circuits in one conditional update.
+func (c circuits) TryProbes(ctx context.Context, name, owner string, openFor, lease time.Duration, maxProbes int) (driver.CircuitRecord, bool, error) {
 	var ofMS int64
 	if openFor > 0 {
 		ofMS = driver.Millis(openFor)
 	}
-	return c.write(ctx, name, c.s.q.circProbe, c.s.prefix, c.s.circPfx+name, owner, ofMS, driver.Millis(lease))
+	return c.write(ctx, name, false, c.s.q.circProbes, c.s.prefix, c.s.circPfx+name, owner, ofMS, driver.Millis(lease), int64(maxProbes))
 }
 
 // Get implements driver.Circuits.
@@ -104,7 +135,7 @@ func (c circuits) Get(ctx context.Context, name string) (driver.CircuitRecord, b
 
 // Set implements driver.Circuits in one upsert.
 func (c circuits) Set(ctx context.Context, name string, state driver.CircuitState) (driver.CircuitRecord, error) {
-	rec, _, err := c.write(ctx, name, c.s.q.circSet, c.s.prefix, c.s.circPfx+name, string(state))
+	rec, _, err := c.write(ctx, name, false, c.s.q.circSet, c.s.prefix, c.s.circPfx+name, string(state))
 	return rec, err
 }
 
@@ -129,23 +160,4 @@ func (c circuits) List(ctx context.Context, pattern driver.Pattern) ([]driver.Ci
 		return r.sk, nil
 	})
 	return out, err
-}
-
-// errNoCounts is returned by the gobreaker-parity operations until this
-// store implements them.
-var errNoCounts = errors.New("postgres: circuit counts, trips and concurrent probes are not implemented yet: " + errors.ErrUnsupported.Error())
-
-// RecordOutcome implements driver.Circuits.
-func (c circuits) RecordOutcome(ctx context.Context, name string, o driver.Outcome) (driver.CircuitRecord, error) {
-	return driver.CircuitRecord{}, errNoCounts
-}
-
-// Trip implements driver.Circuits.
-func (c circuits) Trip(ctx context.Context, name string, version int64) (driver.CircuitRecord, bool, error) {
-	return driver.CircuitRecord{}, false, errNoCounts
-}
-
-// TryProbes implements driver.Circuits.
-func (c circuits) TryProbes(ctx context.Context, name, owner string, openFor, lease time.Duration, maxProbes int) (driver.CircuitRecord, bool, error) {
-	return driver.CircuitRecord{}, false, errNoCounts
 }

@@ -183,6 +183,11 @@ type payload struct {
 	PU *int64  `json:"pu"`
 	V  int64   `json:"v"`
 	U  *int64  `json:"u"`
+	SC int64   `json:"sc"`
+	TF int64   `json:"tf"`
+	CS int64   `json:"cs"`
+	IS *int64  `json:"is"`
+	PR int64   `json:"pr"`
 }
 
 func msTime(p *int64) time.Time {
@@ -224,6 +229,8 @@ func (h *hub) handle(run *eventhub.Run, raw string) bool {
 			rec.State, rec.Failures, rec.Version = st, p.F, p.V
 			rec.LastFailure, rec.LastSuccess, rec.OpenedAt = msTime(p.LF), msTime(p.LS), msTime(p.OA)
 			rec.ProbeUntil = msTime(p.PU)
+			rec.Successes, rec.TotalFailures, rec.ConsecutiveSuccesses = p.SC, p.TF, p.CS
+			rec.IntervalStart, rec.Probes = msTime(p.IS), p.PR
 			if p.PO != nil {
 				rec.ProbeOwner = *p.PO
 			}

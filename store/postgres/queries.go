@@ -19,7 +19,7 @@ import "strings"
 // commits.
 type queries struct {
 	lockAcquire, lockRefresh, lockRelease, lockForce, lockGet, lockList     string
-	circFailure, circFailureGen, circSuccess, circSuccessGen, circProbe     string
+	circOutcome, circTrip, circProbes                                       string
 	circGet, circSet, circDelete, circList                                  string
 	cacheGet, cacheSet, cacheSetIfAbsent, cacheDelete, cacheHas, cacheClear string
 	cacheKeys                                                               string
@@ -43,8 +43,9 @@ func ms(p string) string { return "(" + p + "::bigint * interval '1 millisecond'
 func epochMS(e string) string { return "floor(extract(epoch FROM " + e + ") * 1000)::bigint" }
 
 const (
-	lockCols  = "owner, token, acquired_at, expires_at"
-	circCols  = "key, state, failure_count, last_failure_time, last_success_time, opened_at, probe_owner, probe_until, version, updated_at"
+	lockCols = "owner, token, acquired_at, expires_at"
+	circCols = "key, state, failure_count, last_failure_time, last_success_time, opened_at, probe_owner, probe_until, version, updated_at, " +
+		"successes, total_failures, consecutive_successes, interval_start, probes"
 	idemCols  = "key, status, owner, fingerprint, result, created_at, expires_at"
 	cpCols    = "task_id, sequence, \"timestamp\", progress, data, estimated_time_remaining, token"
 	keyEq     = "namespace = $1::text AND key = $2::text"
@@ -115,88 +116,127 @@ SELECT (SELECT count(*) FROM up), (SELECT count(*) FROM ev)`)
 	q.lockList = listQuery("key, "+lockCols, L, "key", " AND expires_at > "+nowSQL)
 
 	// ----- circuits
-	// An outcome carries a generation ($gen, -1 for any): a present
-	// circuit's is opened_at in Unix milliseconds (0 if NULL), an absent
-	// one's 0. For generations -1 and 0 the outcome is an upsert whose
-	// update applies only to the right generation; for a generation above
-	// 0 the circuit must exist: an update of that generation.
-	circIns := `INSERT INTO ` + C + ` AS c (namespace, key, state, failure_count, last_failure_time, last_success_time, opened_at, probe_owner, probe_until, version, updated_at)`
-	circRet := "c.key, c.state, c.failure_count, c.last_failure_time, c.last_success_time, c.opened_at, c.probe_owner, c.probe_until, c.version, c.updated_at"
+	// Changes lock the row (cur), compute the new record from it (absent:
+	// closed, version 0) and upsert it under a version check, so a row
+	// another caller inserted after the statement's snapshot is never
+	// overwritten from stale values (the statement then returns no row and
+	// runs again). The generation of an outcome ($4, -1 for any) is a
+	// present circuit's opened_at in Unix milliseconds (0 if NULL), an
+	// absent one's 0; an outcome of another generation changes nothing.
+	circIns := `INSERT INTO ` + C + ` AS c (namespace, key, state, failure_count, last_failure_time, last_success_time,
+		opened_at, probe_owner, probe_until, version, updated_at, successes, total_failures, consecutive_successes,
+		interval_start, probes)`
+	circRet := "c.key, c.state, c.failure_count, c.last_failure_time, c.last_success_time, c.opened_at, c.probe_owner, " +
+		"c.probe_until, c.version, c.updated_at, c.successes, c.total_failures, c.consecutive_successes, c.interval_start, c.probes"
 	cur := `cur AS MATERIALIZED (SELECT ` + circCols + ` FROM ` + C + ` WHERE ` + keyEq + ` FOR UPDATE)`
 	ev := `ev AS (
 	SELECT pg_notify(CHAN, json_build_object('e', 'c', 'n', $1::text, 'k', up.key, 's', up.state, 'f', up.failure_count,
 		'lf', ` + epochMS("up.last_failure_time") + `, 'ls', ` + epochMS("up.last_success_time") + `,
 		'oa', ` + epochMS("up.opened_at") + `, 'po', up.probe_owner, 'pu', ` + epochMS("up.probe_until") + `,
-		'v', up.version, 'u', ` + epochMS("up.updated_at") + `)::text) FROM up
+		'v', up.version, 'u', ` + epochMS("up.updated_at") + `, 'sc', up.successes, 'tf', up.total_failures,
+		'cs', up.consecutive_successes, 'is', ` + epochMS("up.interval_start") + `, 'pr', up.probes)::text) FROM up
 )`
 	tail := `
 SELECT ` + circCols + `, (SELECT count(*) FROM ev) FROM up
 UNION ALL
 SELECT ` + circCols + `, 0 FROM cur WHERE NOT EXISTS (SELECT 1 FROM up)`
-	// genOK and gen compare the generation parameter G.
-	genOK := "(G::bigint < 0 OR COALESCE(" + epochMS("c.opened_at") + ", 0) = G::bigint)"
-	opens := "(c.state IN ('open', 'half-open') OR c.failure_count + 1 >= $3::bigint)"
-	failSet := `opened_at = CASE WHEN c.state = 'open' THEN c.opened_at WHEN c.state = 'half-open' OR c.failure_count + 1 >= $3::bigint THEN n.t ELSE c.opened_at END,
-		probe_owner = CASE WHEN ` + opens + ` THEN NULL ELSE c.probe_owner END,
-		probe_until = CASE WHEN ` + opens + ` THEN NULL ELSE c.probe_until END,
-		state = CASE WHEN ` + opens + ` THEN 'open' ELSE 'closed' END,
-		failure_count = c.failure_count + 1,
-		last_failure_time = n.t,
-		version = c.version + 1,
-		updated_at = n.t`
-	successSet := `failure_count = CASE WHEN c.state = 'open' THEN c.failure_count ELSE 0 END,
-		probe_owner = CASE WHEN c.state = 'open' THEN c.probe_owner END,
-		probe_until = CASE WHEN c.state = 'open' THEN c.probe_until END,
-		state = CASE WHEN c.state = 'open' THEN 'open' ELSE 'closed' END,
-		last_success_time = n.t,
-		version = c.version + 1,
-		updated_at = n.t`
-	// In an ON CONFLICT clause n is not in scope: EXCLUDED.updated_at is
-	// n.t there.
-	excl := strings.NewReplacer("n.t", "EXCLUDED.updated_at")
-	upsert := func(values, set, g string) string {
-		return strings.ReplaceAll(sub(withNow+`,
-`+cur+`,
-up AS (
-	`+circIns+`
-	SELECT `+values+` FROM n LEFT JOIN cur ON true WHERE G::bigint <= 0
-	ON CONFLICT (namespace, key) DO UPDATE SET
-		`+excl.Replace(set)+`
-	WHERE `+genOK+`
-	RETURNING `+circRet+`
-),
-`+ev+tail), "G::", g+"::")
-	}
-	update := func(set, where, g string) string {
-		return strings.ReplaceAll(sub(withNow+`,
-`+cur+`,
-up AS (
-	UPDATE `+C+` AS c SET
-		`+set+`
+	// RecordOutcome: $3 kind (0 none, 1 success, 2 failure), $4
+	// generation, $5 successes, $6 threshold, $7 close-after, $8 interval
+	// (milliseconds, 0: none). The steps of driver.Circuits.RecordOutcome,
+	// one CTE each: b the current record (no row: another generation), i
+	// the closed state's counting period and batch of successes, k whether
+	// the call opens or closes the circuit, v the new record.
+	q.circOutcome = sub(withNow + `,
+` + cur + `,
+b AS (
+	SELECT n.t, COALESCE(cur.state, 'closed') AS state, COALESCE(cur.failure_count, 0) AS failures,
+		cur.last_failure_time AS lf, cur.last_success_time AS ls, cur.opened_at AS oa, cur.probe_owner AS po,
+		cur.probe_until AS pu, COALESCE(cur.version, 0) AS version, COALESCE(cur.successes, 0) AS succ,
+		COALESCE(cur.total_failures, 0) AS tf, COALESCE(cur.consecutive_successes, 0) AS cs, cur.interval_start AS ist,
+		COALESCE(cur.probes, 0) AS probes
 	FROM n LEFT JOIN cur ON true
-	WHERE c.namespace = $1::text AND c.key = $2::text AND `+where+`
-	RETURNING `+circRet+`
+	WHERE $4::bigint < 0 OR COALESCE(` + epochMS("cur.opened_at") + `, 0) = $4::bigint
 ),
-`+ev+tail), "G::", g+"::")
-	}
-	gen := "G::bigint > 0 AND " + epochMS("c.opened_at") + " = G::bigint"
-	// RecordFailure: $3 threshold, $4 generation. RecordSuccess: $3
-	// generation.
-	q.circFailure = upsert(`$1::text, $2::text, CASE WHEN $3::bigint <= 1 THEN 'open' ELSE 'closed' END, 1, n.t, NULL,
-		CASE WHEN $3::bigint <= 1 THEN n.t END, NULL, NULL, 1, n.t`, failSet, "$4")
-	q.circFailureGen = update(failSet, gen, "$4")
-	q.circSuccess = upsert(`$1::text, $2::text, 'closed', 0, NULL, n.t, NULL, NULL, NULL, 1, n.t`, successSet, "$3")
-	q.circSuccessGen = update(successSet, gen, "$3")
-	// TryProbe: $3 owner, $4 openFor, $5 lease (milliseconds).
-	q.circProbe = sub(withNow + `,
+i AS (
+	SELECT b.t, b.state, b.lf, b.ls, b.oa, b.po, b.pu, b.version, b.probes,
+		CASE WHEN r.reset THEN 0 ELSE b.failures END AS failures,
+		CASE WHEN r.reset THEN 0 ELSE b.succ END + CASE WHEN b.state = 'closed' THEN $5::bigint ELSE 0 END AS succ,
+		CASE WHEN r.reset THEN 0 ELSE b.tf END AS tf,
+		CASE WHEN r.reset THEN 0 ELSE b.cs END AS cs,
+		CASE WHEN b.state = 'closed' AND $8::bigint > 0 AND (b.ist IS NULL OR r.reset) THEN b.t ELSE b.ist END AS ist
+	FROM b, LATERAL (SELECT b.state = 'closed' AND $8::bigint > 0 AND b.ist IS NOT NULL
+		AND b.ist + ` + ms("$8") + ` <= b.t AS reset) r
+),
+k AS (
+	SELECT i.*,
+		($3::int = 2 AND (i.state = 'half-open' OR (i.state = 'closed' AND $6::bigint > 0 AND i.failures + 1 >= $6::bigint))) AS opens,
+		($3::int = 1 AND i.state = 'half-open' AND i.cs + 1 >= GREATEST($7::bigint, 1)) AS closes,
+		CASE WHEN i.state = 'half-open' AND i.pu > i.t AND i.probes > 0 THEN i.probes ELSE 0 END AS live
+	FROM i
+),
+v AS (
+	SELECT t, version,
+		CASE WHEN opens THEN 'open' WHEN closes THEN 'closed' ELSE state END AS state,
+		CASE WHEN closes THEN 0 WHEN $3::int = 2 THEN failures + 1 WHEN $3::int = 1 AND state = 'closed' THEN 0
+			ELSE failures END AS failures,
+		CASE WHEN $3::int = 2 THEN t ELSE lf END AS lf,
+		CASE WHEN $3::int = 1 THEN t ELSE ls END AS ls,
+		CASE WHEN opens THEN t ELSE oa END AS oa,
+		CASE WHEN opens OR closes THEN NULL ELSE po END AS po,
+		CASE WHEN opens OR closes THEN NULL ELSE pu END AS pu,
+		CASE WHEN opens OR closes THEN 0 WHEN $3::int = 1 AND state = 'half-open' THEN GREATEST(live - 1, 0)
+			ELSE probes END AS probes,
+		CASE WHEN opens OR closes THEN 0 WHEN $3::int = 1 AND state IN ('closed', 'half-open') THEN succ + 1
+			ELSE succ END AS succ,
+		CASE WHEN opens OR closes THEN 0 WHEN $3::int = 2 AND state = 'closed' THEN tf + 1 ELSE tf END AS tf,
+		CASE WHEN opens OR closes THEN 0 WHEN $3::int = 2 AND state = 'closed' THEN 0
+			WHEN $3::int = 1 AND state IN ('closed', 'half-open') THEN cs + 1 ELSE cs END AS cs,
+		CASE WHEN closes THEN t ELSE ist END AS ist
+	FROM k
+),
+up AS (
+	` + circIns + `
+	SELECT $1::text, $2::text, v.state, v.failures, v.lf, v.ls, v.oa, v.po, v.pu, v.version + 1, v.t, v.succ, v.tf,
+		v.cs, v.ist, v.probes FROM v
+	ON CONFLICT (namespace, key) DO UPDATE SET
+		state = EXCLUDED.state, failure_count = EXCLUDED.failure_count, last_failure_time = EXCLUDED.last_failure_time,
+		last_success_time = EXCLUDED.last_success_time, opened_at = EXCLUDED.opened_at,
+		probe_owner = EXCLUDED.probe_owner, probe_until = EXCLUDED.probe_until, version = EXCLUDED.version,
+		updated_at = EXCLUDED.updated_at, successes = EXCLUDED.successes, total_failures = EXCLUDED.total_failures,
+		consecutive_successes = EXCLUDED.consecutive_successes, interval_start = EXCLUDED.interval_start,
+		probes = EXCLUDED.probes
+	WHERE c.version = EXCLUDED.version - 1
+	RETURNING ` + circRet + `
+),
+` + ev + tail)
+	// Trip: $3 version.
+	q.circTrip = sub(withNow + `,
 ` + cur + `,
 up AS (
-	UPDATE ` + C + ` AS c SET state = 'half-open', probe_owner = $3::text, probe_until = n.t + ` + ms("$5") + `,
-		version = c.version + 1, updated_at = n.t
+	UPDATE ` + C + ` AS c SET state = 'open', opened_at = n.t, probe_owner = NULL, probe_until = NULL, probes = 0,
+		successes = 0, total_failures = 0, consecutive_successes = 0, version = c.version + 1, updated_at = n.t
+	FROM n LEFT JOIN cur ON true
+	WHERE c.namespace = $1::text AND c.key = $2::text AND c.state = 'closed' AND c.version = $3::bigint
+	RETURNING ` + circRet + `
+),
+` + ev + tail)
+	// TryProbes: $3 owner, $4 openFor, $5 lease (milliseconds), $6
+	// maxProbes.
+	liveProbes := "(CASE WHEN c.probe_until > n.t AND c.probes > 0 THEN c.probes ELSE 0 END)"
+	mine := "(c.probe_owner = $3::text AND c.probe_until > n.t)"
+	q.circProbes = sub(withNow + `,
+` + cur + `,
+up AS (
+	UPDATE ` + C + ` AS c SET state = 'half-open',
+		successes = CASE WHEN c.state = 'open' THEN 0 ELSE c.successes END,
+		total_failures = CASE WHEN c.state = 'open' THEN 0 ELSE c.total_failures END,
+		consecutive_successes = CASE WHEN c.state = 'open' THEN 0 ELSE c.consecutive_successes END,
+		probes = CASE WHEN c.state = 'open' THEN 1 WHEN ` + mine + ` THEN GREATEST(` + liveProbes + `, 1) ELSE ` + liveProbes + ` + 1 END,
+		probe_owner = $3::text, probe_until = n.t + ` + ms("$5") + `, version = c.version + 1, updated_at = n.t
 	FROM n LEFT JOIN cur ON true
 	WHERE c.namespace = $1::text AND c.key = $2::text AND (
 		(c.state = 'open' AND COALESCE(c.opened_at, 'epoch') + ` + ms("$4") + ` <= n.t)
-		OR (c.state = 'half-open' AND (c.probe_owner IS NULL OR c.probe_owner = $3::text OR COALESCE(c.probe_until, 'epoch') <= n.t)))
+		OR (c.state = 'half-open' AND (` + mine + ` OR ` + liveProbes + ` < $6::bigint)))
 	RETURNING ` + circRet + `
 ),
 ` + ev + tail)
@@ -204,13 +244,15 @@ up AS (
 	q.circSet = sub(withNow + `,
 up AS (
 	` + circIns + `
-	SELECT $1::text, $2::text, $3::text, 0, NULL, NULL, CASE WHEN $3::text = 'open' THEN n.t END, NULL, NULL, 1, n.t FROM n
+	SELECT $1::text, $2::text, $3::text, 0, NULL, NULL, CASE WHEN $3::text = 'open' THEN n.t END, NULL, NULL, 1, n.t,
+		0, 0, 0, CASE WHEN $3::text = 'closed' THEN n.t END, 0 FROM n
 	ON CONFLICT (namespace, key) DO UPDATE SET
 		failure_count = CASE WHEN EXCLUDED.state = 'closed' THEN 0 ELSE c.failure_count END,
 		opened_at = CASE WHEN EXCLUDED.state = 'open' THEN EXCLUDED.updated_at ELSE c.opened_at END,
+		interval_start = CASE WHEN EXCLUDED.state = 'closed' THEN EXCLUDED.updated_at ELSE c.interval_start END,
 		state = EXCLUDED.state,
-		probe_owner = NULL,
-		probe_until = NULL,
+		probe_owner = NULL, probe_until = NULL, probes = 0,
+		successes = 0, total_failures = 0, consecutive_successes = 0,
 		version = c.version + 1,
 		updated_at = EXCLUDED.updated_at
 	RETURNING ` + circRet + `
