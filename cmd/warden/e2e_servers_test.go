@@ -128,3 +128,32 @@ func TestE2EServerWatchPolledSaysSo(t *testing.T) {
 		t.Fatalf("watch: %+v", lines)
 	}
 }
+
+// TestE2EServerWatchPolledOrder: on MySQL, a holding force-released and
+// taken by another holder between two listings is reported ended before,
+// and stamped no later than, its successor's acquisition.
+func TestE2EServerWatchPolledOrder(t *testing.T) {
+	url := e2eServerStore(t, serverStores[0])
+	w := startWarden(t, nil, "--store", url, "-o", "json", "lock", "watch", "job")
+	waitWatchFor(t, w, "events-lost", func(l watchLine) bool { return l.Event == "events-lost" })
+	_, stopA := holder(t, url, "job")
+	defer stopA()
+	first := waitWatchFor(t, w, "the first acquisition", func(l watchLine) bool { return l.Event == "acquired" })
+	a := first[len(first)-1]
+	want(t, runWarden(t, nil, "--store", url, "lock", "release", "job", "--force"), 0)
+	_, stopB := holder(t, url, "job")
+	defer stopB()
+	lines := waitWatchFor(t, w, "the second acquisition", func(l watchLine) bool {
+		return l.Event == "acquired" && l.Token > a.Token
+	})
+	b := lines[len(lines)-1]
+	var end *watchLine
+	for i := range lines {
+		if lines[i].Token == a.Token && lines[i].Event != "acquired" {
+			end = &lines[i]
+		}
+	}
+	if end == nil || end.At > b.At {
+		t.Fatalf("the first holding's end %+v, want it before and no later than %+v", end, b)
+	}
+}
