@@ -26,10 +26,9 @@ func (c *cli) newRoot(ctx context.Context) *cobra.Command {
 task checkpoints on the database you already run.`,
 		Example: indent(`warden lock run nightly-report -- ./report.sh    # one run across the processes sharing the store
 warden lock ls                                   # who holds what, until when`),
-		Args:              cobra.ArbitraryArgs,
-		SilenceErrors:     true,
-		SilenceUsage:      true,
-		CompletionOptions: cobra.CompletionOptions{HiddenDefaultCmd: false},
+		Args:          cobra.ArbitraryArgs,
+		SilenceErrors: true,
+		SilenceUsage:  true,
 		RunE: c.runE(func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				cmd.SetOut(c.stderr)
@@ -114,6 +113,8 @@ func (c *cli) leaf(cmd *command, name string) *cobra.Command {
 		Long:    strings.TrimSpace(cmd.help),
 		Example: indent(cmd.example),
 		Args:    cobra.ArbitraryArgs,
+		// A synopsis that names the command's flags gets no "[flags]".
+		DisableFlagsInUseLine: strings.Contains(cmd.args, "--"),
 	}
 	var exec runFunc
 	if cmd.setup != nil {
