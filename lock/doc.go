@@ -61,11 +61,11 @@
 //
 // Waiters in one Locker are served in FIFO order per key, and only the
 // first of them asks the store. On stores with notifications (PostgreSQL,
-// Redis, MongoDB, SQLite, memory) the Locker holds one subscription,
+// Redis, MongoDB, DynamoDB, SQLite, memory) the Locker holds one subscription,
 // started on first need, and a release wakes the first waiter at once.
 // Waiters also retry with a jittered exponential back-off between RetryMin
 // and RetryMax that never sleeps past the holder's known expiry, which is
-// all they rely on with stores without notifications (MySQL, DynamoDB).
+// all they rely on with stores without notifications (MySQL).
 //
 // # Watching
 //
