@@ -15,32 +15,35 @@ type cache struct{ s *store }
 
 // Get implements driver.Cache.
 func (c cache) Get(ctx context.Context, key string) (driver.CacheEntry, bool, error) {
-	var v []byte
+	var js, bin []byte
 	var exp sql.NullTime
-	err := c.s.db.QueryRowContext(ctx, c.s.q.cacheGet, c.s.prefix, c.s.cachePfx+key).Scan(&v, &exp)
+	err := c.s.db.QueryRowContext(ctx, c.s.q.cacheGet, c.s.prefix, c.s.cachePfx+key).Scan(&js, &bin, &exp)
 	if errors.Is(err, sql.ErrNoRows) {
 		return driver.CacheEntry{}, false, nil
 	}
 	if err != nil {
 		return driver.CacheEntry{}, false, ctxErr(ctx, err)
 	}
-	return driver.CacheEntry{Key: key, Value: nonNil(v), ExpiresAt: utc(exp)}, true, nil
+	return driver.CacheEntry{Key: key, Value: valueOf(js, bin), ExpiresAt: utc(exp)}, true, nil
 }
 
-// Set implements driver.Cache in one upsert.
+// Set implements driver.Cache in one upsert. A value that is JSON is
+// stored as JSON (go-go-scope's adapter reads it), any other in
+// value_bin.
 func (c cache) Set(ctx context.Context, key string, value []byte, ttl time.Duration) error {
-	_, err := c.s.exec(ctx, c.s.q.cacheSet, c.s.prefix, c.s.cachePfx+key, nonNil(value), usec(ttl))
+	js := jsonArg(value)
+	_, err := c.s.exec(ctx, c.s.q.cacheSet, c.s.prefix, c.s.cachePfx+key, js, js, js, nonNil(value), usec(ttl))
 	return err
 }
 
 // SetIfAbsent implements driver.Cache in one upsert that replaces only an
-// expired entry and reports through LAST_INSERT_ID whether it stored.
+// expired entry and leaves in @warden_out whether it stored, then a read
+// of it.
 func (c cache) SetIfAbsent(ctx context.Context, key string, value []byte, ttl time.Duration) (bool, error) {
 	var stored int64
-	err := retry(ctx, func() (err error) {
-		stored, err = c.s.marked(ctx, c.s.db, c.s.q.cacheSetIfAbsent, c.s.prefix, c.s.cachePfx+key, nonNil(value), usec(ttl))
-		return err
-	})
+	js := jsonArg(value)
+	err := c.s.outcome(ctx, nil, c.s.q.cacheSetIfAbsent, []any{c.s.prefix, c.s.cachePfx + key, js, js, js, nonNil(value), usec(ttl)},
+		func(q querier) error { return q.QueryRowContext(ctx, "SELECT @warden_out").Scan(&stored) })
 	return stored == 1, err
 }
 

@@ -19,23 +19,24 @@ func (c checkpoints) scan(r rowScanner) (driver.Checkpoint, error) {
 		seq, token int64
 		ts         sql.NullTime
 		progress   float64
-		data       []byte
+		data, bin  []byte
 		eta        sql.NullInt64
 	)
-	if err := r.Scan(&task, &seq, &ts, &progress, &data, &eta, &token); err != nil {
+	if err := r.Scan(&task, &seq, &ts, &progress, &data, &bin, &eta, &token); err != nil {
 		return driver.Checkpoint{}, err
 	}
 	id := strings.TrimPrefix(string(task), c.s.prefix)
 	return driver.Checkpoint{
 		ID: driver.CheckpointID(id, seq), TaskID: id, Sequence: seq, Time: utc(ts), Progress: progress,
-		Data: nonNil(data), ETA: time.Duration(eta.Int64) * time.Millisecond, Token: token,
+		Data: valueOf(data, bin), ETA: time.Duration(eta.Int64) * time.Millisecond, Token: token,
 	}, nil
 }
 
 // Save implements driver.Checkpoints in one short READ COMMITTED
 // transaction: the fence row's upsert decides whether the save is refused
 // and assigns the sequence (holding the fence row's lock, so concurrent
-// savers of a task queue), then the checkpoint is inserted and read back.
+// savers of a task queue) in @warden_out, then the checkpoint is inserted
+// with that sequence unless refused, and read back.
 func (c checkpoints) Save(ctx context.Context, in driver.CheckpointInput) (driver.Checkpoint, bool, error) {
 	s := c.s
 	task := s.prefix + in.TaskID
@@ -47,16 +48,19 @@ func (c checkpoints) Save(ctx context.Context, in driver.CheckpointInput) (drive
 	var ok bool
 	err := s.tx(ctx, func(tx *sql.Tx) error {
 		cp, ok = driver.Checkpoint{}, false
-		seq, err := s.marked(ctx, tx, s.q.cpFenceSave, s.prefix, task, in.Token, s.prefix, task, s.prefix, task,
-			in.Token, in.Token, in.Token)
-		if err != nil || seq == 0 {
+		if _, err := tx.ExecContext(ctx, s.q.cpFenceSave, s.prefix, task, in.Token, s.prefix, task, s.prefix, task,
+			in.Token, in.Token, in.Token); err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, s.q.cpInsert, s.prefix, driver.CheckpointID(task, seq), task, seq,
-			in.Progress, nonNil(in.Data), eta, in.Token); err != nil {
+		js := jsonArg(in.Data)
+		res, err := tx.ExecContext(ctx, s.q.cpInsert, s.prefix, task, task, in.Progress, js, js, js, nonNil(in.Data), eta, in.Token)
+		if err != nil {
 			return err
 		}
-		r, err := c.scan(tx.QueryRowContext(ctx, s.q.cpLoad, s.prefix, task, seq))
+		if n, err := res.RowsAffected(); err != nil || n == 0 {
+			return err // refused by the fence
+		}
+		r, err := c.scan(tx.QueryRowContext(ctx, s.q.cpLoadOut, s.prefix, task))
 		if err != nil {
 			return err
 		}
@@ -75,8 +79,8 @@ func (c checkpoints) Fence(ctx context.Context, taskID string, token int64) (boo
 	task := s.prefix + taskID
 	var ok int64
 	err := s.tx(ctx, func(tx *sql.Tx) (err error) {
-		ok, err = s.marked(ctx, tx, s.q.cpFence, s.prefix, task, token, s.prefix, task)
-		return err
+		return s.outcome(ctx, tx, s.q.cpFence, []any{s.prefix, task, token, s.prefix, task},
+			func(q querier) error { return q.QueryRowContext(ctx, "SELECT @warden_out").Scan(&ok) })
 	})
 	return ok == 1, err
 }

@@ -14,13 +14,18 @@ import (
 // idempotency is the idempotency-key driver.
 type idempotency struct{ s *store }
 
-func (i idempotency) scan(r rowScanner) (driver.IdemRecord, error) {
+// scan reads a record; with code, the row is preceded by @warden_out.
+func (i idempotency) scan(r rowScanner, code ...*int64) (driver.IdemRecord, error) {
 	var (
 		sk, owner, fp, result []byte
 		status                string
 		created, expires      sql.NullTime
 	)
-	if err := r.Scan(&sk, &status, &owner, &fp, &result, &created, &expires); err != nil {
+	dest := []any{&sk, &status, &owner, &fp, &result, &created, &expires}
+	if len(code) > 0 {
+		dest = append([]any{code[0]}, dest...)
+	}
+	if err := r.Scan(dest...); err != nil {
 		return driver.IdemRecord{}, err
 	}
 	st := driver.IdemStatus(status)
@@ -36,19 +41,23 @@ func (i idempotency) scan(r rowScanner) (driver.IdemRecord, error) {
 	}, nil
 }
 
-// Claim implements driver.Idempotency in two round trips: one upsert that
-// decides on the old row and reports the outcome through LAST_INSERT_ID,
-// then a read of the row.
+// Claim implements driver.Idempotency in two round trips on one
+// connection: one upsert that decides on the old row and leaves the
+// outcome in @warden_out, then a read of it and of the row.
 func (i idempotency) Claim(ctx context.Context, key, owner string, lease time.Duration, fingerprint string) (driver.IdemRecord, driver.ClaimOutcome, error) {
 	s := i.s
 	sk := s.prefix + key
 	var code int64
-	err := retry(ctx, func() (err error) {
-		code, err = s.marked(ctx, s.db, s.q.idemClaim, s.prefix, sk, owner, []byte(fingerprint), usec(lease))
-		return err
+	var rec driver.IdemRecord
+	err := s.outcome(ctx, nil, s.q.idemClaim, []any{s.prefix, sk, owner, []byte(fingerprint), usec(lease)}, func(q querier) (err error) {
+		rec, err = i.scan(q.QueryRowContext(ctx, s.q.idemClaimRow, s.prefix, sk), &code)
+		if err != nil {
+			return fmt.Errorf("mysql: reading the claim: %w", err)
+		}
+		return nil
 	})
 	if err != nil {
-		return driver.IdemRecord{}, 0, err
+		return driver.IdemRecord{}, 0, ctxErr(ctx, err)
 	}
 	var out driver.ClaimOutcome
 	switch code {
@@ -62,10 +71,6 @@ func (i idempotency) Claim(ctx context.Context, key, owner string, lease time.Du
 		out = driver.Completed
 	default:
 		return driver.IdemRecord{}, 0, fmt.Errorf("mysql: unexpected claim outcome %d", code)
-	}
-	rec, err := i.scan(s.db.QueryRowContext(ctx, s.q.idemRow, s.prefix, sk))
-	if err != nil {
-		return driver.IdemRecord{}, 0, ctxErr(ctx, fmt.Errorf("mysql: reading the claim: %w", err))
 	}
 	return rec, out, nil
 }

@@ -23,15 +23,19 @@ func scanLock(r rowScanner, key string) (driver.LockRecord, bool, error) {
 	if err := r.Scan(&owner, &token, &acq, &exp, &rel); err != nil {
 		return driver.LockRecord{}, false, err
 	}
-	return driver.LockRecord{Key: key, Owner: string(owner), Token: token, AcquiredAt: utc(acq), ExpiresAt: utc(exp)}, rel.Valid, nil
+	// A row released by warden has expires_at <= released_at; one the
+	// go-go-scope adapter took over since is held again.
+	released := rel.Valid && exp.Valid && !exp.Time.After(rel.Time)
+	return driver.LockRecord{Key: key, Owner: string(owner), Token: token, AcquiredAt: utc(acq), ExpiresAt: utc(exp)}, released, nil
 }
 
 // Acquire implements driver.Locks in two round trips: one upsert that
 // applies only when the lock is free (absent, released, expired) or held
-// by owner, and reports through LAST_INSERT_ID the token it left in the
-// row; then a read of the row. The lock is acquired when the row holds
-// owner with that token. Concurrent first acquires of a new key queue on
-// the primary key's row lock: one inserts, the others update it
+// by owner, then a read of the row. The lock is acquired when the row
+// holds owner, live. (The outcome is read from the row, not from
+// LAST_INSERT_ID, which an AUTO_INCREMENT column of an adopted table
+// would override.) Concurrent first acquires of a new key queue on the
+// primary key's row lock: one inserts, the others update it
 // conditionally; no transaction spans statements, so no deadlock.
 func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (driver.LockRecord, bool, error) {
 	s := l.s
@@ -39,15 +43,19 @@ func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 	var rec driver.LockRecord
 	var acquired bool
 	err := retry(ctx, func() error {
-		tok, err := s.marked(ctx, s.db, s.q.lockAcquire, s.prefix, sk, owner, usec(ttl))
-		if err != nil {
+		if _, err := s.db.ExecContext(ctx, s.q.lockAcquire, s.prefix, sk, owner, usec(ttl)); err != nil {
 			return err
 		}
-		r, released, err := scanLock(s.db.QueryRowContext(ctx, s.q.lockRow, s.prefix, sk), key)
+		var owned []byte
+		var token int64
+		var acq, exp, rel sql.NullTime
+		var live bool
+		err := s.db.QueryRowContext(ctx, s.q.lockRowLive, s.prefix, sk).Scan(&owned, &token, &acq, &exp, &rel, &live)
 		if err != nil {
 			return fmt.Errorf("mysql: reading the lock after acquiring: %w", err)
 		}
-		rec, acquired = r, r.Owner == owner && r.Token == tok && !released
+		rec = driver.LockRecord{Key: key, Owner: string(owned), Token: token, AcquiredAt: utc(acq), ExpiresAt: utc(exp)}
+		acquired = owned != nil && string(owned) == owner && live
 		return nil
 	})
 	return rec, acquired, err

@@ -19,6 +19,7 @@ package mysql
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -28,6 +29,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	mysqldrv "github.com/go-sql-driver/mysql"
 	"github.com/warden-go/warden"
@@ -259,8 +261,11 @@ func newStore(ctx context.Context, db *sql.DB, own bool, opts *Options) (*store,
 	}
 	s := &store{db: db, ownDB: own, prefix: opts.Prefix, t: t,
 		lockPfx: opts.Prefix + driver.TagLock, circPfx: opts.Prefix + driver.TagCircuit, cachePfx: opts.Prefix + driver.TagCache}
-	s.q = buildQueries(t)
-	s.layout = newLayout(t)
+	coll, err := keyCollation(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	s.layout = newLayout(t, coll)
 	var packet int64
 	if err := db.QueryRowContext(ctx, "SELECT @@max_allowed_packet").Scan(&packet); err != nil {
 		return nil, ctxErr(ctx, fmt.Errorf("mysql: %w", err))
@@ -276,7 +281,32 @@ func newStore(ctx context.Context, db *sql.DB, own bool, opts *Options) (*store,
 			return nil, err
 		}
 	}
+	// A checkpoints table that go-go-scope's adapter created keeps its
+	// timestamp column of Unix milliseconds.
+	var tsType string
+	err = db.QueryRowContext(ctx, `SELECT LOWER(DATA_TYPE) FROM information_schema.COLUMNS
+		WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND COLUMN_NAME = 'timestamp'`, t.Checkpoints).Scan(&tsType)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return nil, ctxErr(ctx, fmt.Errorf("mysql: %w", err))
+	}
+	s.q = buildQueries(t, strings.HasSuffix(tsType, "int"))
 	return s, nil
+}
+
+// keyCollation returns the collation of key columns: utf8mb4's binary NO
+// PAD collation (MySQL 8's utf8mb4_0900_bin, MariaDB's utf8mb4_nopad_bin),
+// under which "a" and "a " are different keys.
+func keyCollation(ctx context.Context, db *sql.DB) (string, error) {
+	var coll string
+	err := db.QueryRowContext(ctx, `SELECT COLLATION_NAME FROM information_schema.COLLATIONS
+		WHERE COLLATION_NAME IN ('utf8mb4_0900_bin', 'utf8mb4_nopad_bin') ORDER BY COLLATION_NAME LIMIT 1`).Scan(&coll)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", errors.New("mysql: the server has no binary NO PAD utf8mb4 collation (utf8mb4_0900_bin or utf8mb4_nopad_bin): warden needs MySQL 8.0 or MariaDB 10.2 or later")
+	}
+	if err != nil {
+		return "", ctxErr(ctx, fmt.Errorf("mysql: %w", err))
+	}
+	return coll, nil
 }
 
 // Name implements driver.Store.
@@ -379,8 +409,9 @@ func (s *store) execCount(ctx context.Context, query string, args ...any) (int64
 	return res.RowsAffected()
 }
 
-// marked runs a statement whose SQL calls LAST_INSERT_ID(expr) and returns
-// that value from the OK packet (0 if the statement did not call it).
+// marked runs an UPDATE whose SQL calls LAST_INSERT_ID(expr) and returns
+// that value from the OK packet (0 if the statement did not call it). An
+// UPDATE never inserts, so no AUTO_INCREMENT value takes its place.
 func (s *store) marked(ctx context.Context, q querier, query string, args ...any) (int64, error) {
 	res, err := q.ExecContext(ctx, query, args...)
 	if err != nil {
@@ -389,7 +420,49 @@ func (s *store) marked(ctx context.Context, q querier, query string, args ...any
 	return res.LastInsertId()
 }
 
-// querier is what *sql.DB and *sql.Tx have in common.
+// outcome runs an upsert that leaves its outcome in @warden_out, then
+// read, which reads @warden_out, on the same connection (q itself when it
+// is a transaction), retrying deadlocks.
+func (s *store) outcome(ctx context.Context, q querier, query string, args []any, read func(q querier) error) error {
+	if q != nil {
+		if _, err := q.ExecContext(ctx, query, args...); err != nil {
+			return err
+		}
+		return read(q)
+	}
+	return retry(ctx, func() error {
+		conn, err := s.db.Conn(ctx)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		if _, err := conn.ExecContext(ctx, query, args...); err != nil {
+			return err
+		}
+		return read(conn)
+	})
+}
+
+// jsonArg is a value as the JSON-or-bytes columns take it (jsonVal): the
+// value as a string when it is UTF-8 JSON, or NULL.
+func jsonArg(v []byte) any {
+	if utf8.Valid(v) && json.Valid(v) {
+		return string(v)
+	}
+	return nil
+}
+
+// valueOf returns the value of a JSON-or-bytes pair of columns: the JSON
+// column when set (the go-go-scope adapters write only that one), else the
+// bytes column.
+func valueOf(js, bin []byte) []byte {
+	if js != nil {
+		return js
+	}
+	return nonNil(bin)
+}
+
+// querier is what *sql.DB, *sql.Conn and *sql.Tx have in common.
 type querier interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
@@ -423,15 +496,22 @@ func (s *store) txIso(ctx context.Context, opts *sql.TxOptions, f func(tx *sql.T
 }
 
 // keyRange restricts col to strings starting with prefix (index-usable).
+// Key columns order by code point (binary collation), so the bound is the
+// prefix with its last code point that has a successor incremented. The
+// arguments are strings, compared under the column's collation.
 func keyRange(col, prefix string) (string, []any) {
-	b := []byte(prefix)
-	for i := len(b) - 1; i >= 0; i-- {
-		if b[i] < 0xFF {
-			b[i]++
-			return "(" + col + " >= ? AND " + col + " < ?)", []any{[]byte(prefix), b[:i+1]}
+	rs := []rune(prefix)
+	for i := len(rs) - 1; i >= 0; i-- {
+		if rs[i] < utf8.MaxRune {
+			next := rs[i] + 1
+			if next == 0xD800 { // surrogates are not characters
+				next = 0xE000
+			}
+			hi := string(rs[:i]) + string(next)
+			return "(" + col + " >= ? AND " + col + " < ?)", []any{prefix, hi}
 		}
 	}
-	return col + " >= ?", []any{[]byte(prefix)}
+	return col + " >= ?", []any{prefix}
 }
 
 // likeCond is a LIKE on col's characters (not bytes), for a pattern.

@@ -20,12 +20,12 @@ func (s *store) Purge(ctx context.Context, lockRetention time.Duration) (int64, 
 		q    string
 		args []any
 	}{
-		{"DELETE FROM `" + t.Cache + "` WHERE namespace = ? AND " + cacheCond + " AND expires_at IS NOT NULL AND expires_at <= UTC_TIMESTAMP(3)",
+		{"DELETE FROM `" + t.Cache + "` WHERE (namespace = ? OR namespace = '') AND " + cacheCond + " AND expires_at IS NOT NULL AND expires_at <= UTC_TIMESTAMP(3)",
 			append([]any{s.prefix}, cacheArgs...)},
 		{"DELETE FROM `" + t.Idempotency + "` WHERE namespace = ? AND expires_at IS NOT NULL AND expires_at <= UTC_TIMESTAMP(3)",
 			[]any{s.prefix}},
 		// A released holding's expires_at is its release time.
-		{"DELETE FROM `" + t.Locks + "` WHERE namespace = ? AND " + lockCond + " AND expires_at <= TIMESTAMPADD(MICROSECOND, -?, UTC_TIMESTAMP(3))",
+		{"DELETE FROM `" + t.Locks + "` WHERE (namespace = ? OR namespace = '') AND " + lockCond + " AND expires_at <= TIMESTAMPADD(MICROSECOND, -?, UTC_TIMESTAMP(3))",
 			append(append([]any{s.prefix}, lockArgs...), ret)},
 		{"DELETE FROM `" + t.CheckpointTasks + "` WHERE namespace = ? AND updated_at <= TIMESTAMPADD(MICROSECOND, -?, UTC_TIMESTAMP(3))" +
 			" AND NOT EXISTS (SELECT 1 FROM `" + t.Checkpoints + "` p WHERE p.namespace = `" + t.CheckpointTasks + "`.namespace AND p.task_id = `" + t.CheckpointTasks + "`.task_id)",

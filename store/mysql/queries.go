@@ -5,24 +5,32 @@ import "strings"
 // The SQL of the store. NOW is the database clock, fixed for the duration
 // of one statement; EXP(?) is NOW plus ? microseconds (NULL stays NULL).
 //
-// Several upserts report their outcome through LAST_INSERT_ID(expr): the
-// value of the last such call travels back in the statement's OK packet
-// (sql.Result.LastInsertId), so the outcome costs no extra round trip and
-// does not depend on the affected-rows semantics (CLIENT_FOUND_ROWS). In an
-// ON DUPLICATE KEY UPDATE clause the assignments run left to right and see
-// the values assigned before them; each clause below either computes its
-// condition from columns not yet assigned or from LAST_INSERT_ID(), which
-// the first assignment sets.
+// Several upserts report their outcome in the session variable
+// @warden_out, which the store reads on the same connection right after
+// (store.outcome): the VALUES list sets it for a new row, the first
+// assignment of the ON DUPLICATE KEY UPDATE clause for an existing one. It
+// does not depend on the affected-rows semantics (CLIENT_FOUND_ROWS), nor
+// on LAST_INSERT_ID, which an AUTO_INCREMENT column of an adopted table
+// overrides whenever a row is inserted. In an ON DUPLICATE KEY UPDATE
+// clause the assignments run left to right and see the values assigned
+// before them; each clause below either computes its condition from
+// columns not yet assigned or from @warden_out. UPDATE statements, which
+// never insert, report a match through LAST_INSERT_ID(1) in the OK packet
+// (store.marked), 0 when no row matched.
+//
+// Locks, circuits and cache entries are keyed by `key` alone (see
+// newLayout); their statements also accept the rows of go-go-scope's
+// adapters, whose namespace column is empty.
 type queries struct {
-	lockAcquire, lockRow, lockRefresh, lockRelease, lockForce, lockGet, lockList         string
-	circFailure, circSuccess, circProbe, circGet, circSet, circDelete, circList          string
-	circFailureGen, circSuccessGen                                                       string
-	cacheGet, cacheSet, cacheSetIfAbsent, cacheDelete, cacheHas, cacheClear, cacheKeys   string
-	cacheClearDead                                                                       string
-	idemClaim, idemRow, idemExtend, idemComplete, idemAbandon, idemGet, idemSet          string
-	idemDelete, idemList                                                                 string
-	cpFenceSave, cpInsert, cpFence, cpLoad, cpLatest, cpList, cpNth, cpCleanup, cpDelete string
-	cpTasks, cpFenceLock, cpMaxToken                                                     string
+	lockAcquire, lockRow, lockRowLive, lockRefresh, lockRelease, lockForce, lockGet, lockList string
+	circFailure, circSuccess, circProbe, circGet, circSet, circDelete, circList               string
+	circFailureGen, circSuccessGen                                                            string
+	cacheGet, cacheSet, cacheSetIfAbsent, cacheDelete, cacheHas, cacheClear, cacheKeys        string
+	cacheClearDead                                                                            string
+	idemClaim, idemClaimRow, idemRow, idemExtend, idemComplete, idemAbandon, idemGet, idemSet string
+	idemDelete, idemList                                                                      string
+	cpFenceSave, cpInsert, cpFence, cpLoad, cpLatest, cpList, cpNth, cpCleanup, cpDelete      string
+	cpTasks, cpFenceLock, cpMaxToken, cpLoadOut                                               string
 }
 
 const (
@@ -33,47 +41,73 @@ const (
 
 const (
 	lockCols = "owner, token, acquired_at, expires_at, released_at"
-	circCols = "`key`, state, failure_count, last_failure_time, last_success_time, opened_at, probe_owner, probe_until, version, updated_at"
-	idemCols = "`key`, status, owner, fingerprint, result, created_at, expires_at"
-	cpCols   = "task_id, sequence, `timestamp`, progress, data, estimated_time_remaining, token"
+	// released: a row warden released keeps expires_at <= released_at; a
+	// row the go-go-scope adapter took over since (it sets owner and
+	// expires_at only) is live again.
+	releasedSQL = "(released_at IS NOT NULL AND expires_at <= released_at)"
+	circCols    = "`key`, state, failure_count, last_failure_time, last_success_time, opened_at, probe_owner, probe_until, version, updated_at"
+	idemCols    = "`key`, status, owner, fingerprint, result, created_at, expires_at"
+	cpCols      = "task_id, sequence, TSREAD, progress, data, data_bin, estimated_time_remaining, token"
+	// jsonVal stores a value in the JSON column when the value argument
+	// (given as a string, or NULL when it is not UTF-8 JSON) is valid JSON
+	// to the server, and in the _bin column otherwise: JSONVAL(?, ?) and
+	// BINVAL(?, ?) take the JSON string and the bytes.
+	jsonVal = "IF(JSON_VALID(?) <=> 1, ?, NULL)"
+	binVal  = "IF(JSON_VALID(?) <=> 1, NULL, ?)"
 )
 
-func buildQueries(t Tables) queries {
+// buildQueries renders the statements for tables t; cpMillis: the
+// checkpoints' timestamp column holds Unix milliseconds (go-go-scope's
+// BIGINT) rather than a DATETIME(3).
+func buildQueries(t Tables, cpMillis bool) queries {
+	tsNow, tsRead := nowSQL, "`timestamp`"
+	if cpMillis {
+		tsNow = "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)"
+		tsRead = "CAST(TIMESTAMPADD(MICROSECOND, `timestamp` * 1000, TIMESTAMP'1970-01-01 00:00:00') AS DATETIME(3))"
+	}
 	r := strings.NewReplacer(
 		"{L}", "`"+t.Locks+"`", "{C}", "`"+t.Circuits+"`", "{K}", "`"+t.Cache+"`",
 		"{I}", "`"+t.Idempotency+"`", "{P}", "`"+t.Checkpoints+"`", "{F}", "`"+t.CheckpointTasks+"`",
+		"TSNOW", tsNow, "TSREAD", tsRead, "RELEASED", releasedSQL, "JSONVAL", jsonVal, "BINVAL", binVal,
 		"NOW", nowSQL, "EXP(?)", expSQL, "TOKENBASE", tokenSQL)
 	sub := r.Replace
 	var q queries
 	const key = "namespace = ? AND `key` = ?"
+	// kkey: a key of the locks, circuits or cache tables.
+	const kkey = "(namespace = ? OR namespace = '') AND `key` = ?"
+	const kns = "(namespace = ? OR namespace = '')"
 
 	// ----- locks
 	// free: no live holding, or owner holds it. same: owner's live holding.
-	free := "(released_at IS NOT NULL OR expires_at <= NOW OR owner = VALUES(owner))"
-	same := "(released_at IS NULL AND expires_at > NOW AND owner = VALUES(owner))"
+	// A new holder's token is one more than the row's, and never below
+	// the clock's token base: rows the go-go-scope adapter inserted have
+	// token 0, and it deletes the rows warden keeps after release.
+	free := "(RELEASED OR expires_at <= NOW OR owner = VALUES(owner))"
+	same := "(NOT RELEASED AND expires_at > NOW AND owner = VALUES(owner))"
 	q.lockAcquire = sub(`INSERT INTO {L} (namespace, ` + "`key`" + `, owner, token, created_at, acquired_at, expires_at, released_at, updated_at)
-VALUES (?, ?, ?, LAST_INSERT_ID(TOKENBASE), NOW, NOW, EXP(?), NULL, NOW)
+VALUES (?, ?, ?, TOKENBASE, NOW, NOW, EXP(?), NULL, NOW)
 ON DUPLICATE KEY UPDATE
-	token = LAST_INSERT_ID(IF(` + same + `, token, IF(` + free + `, token + 1, token))),
+	token = IF(` + same + `, token, IF(` + free + `, GREATEST(token + 1, TOKENBASE), token)),
 	acquired_at = IF(` + same + `, acquired_at, IF(` + free + `, NOW, acquired_at)),
 	owner = IF(` + free + `, VALUES(owner), owner),
 	expires_at = IF(` + free + `, VALUES(expires_at), expires_at),
 	released_at = IF(` + free + `, NULL, released_at),
 	updated_at = IF(` + free + `, NOW, updated_at)`)
-	q.lockRow = sub(`SELECT ` + lockCols + ` FROM {L} WHERE ` + key)
+	q.lockRow = sub(`SELECT ` + lockCols + ` FROM {L} WHERE ` + kkey)
+	q.lockRowLive = sub(`SELECT ` + lockCols + `, NOT RELEASED AND expires_at > NOW FROM {L} WHERE ` + kkey)
 	// Refresh and Extend may leave a row unchanged (same expiry within a
 	// millisecond), so they report a match through LAST_INSERT_ID(1)
 	// instead of the affected rows, which would then be 0 without
 	// CLIENT_FOUND_ROWS.
 	q.lockRefresh = sub(`UPDATE {L} SET expires_at = EXP(?), updated_at = IF(LAST_INSERT_ID(1) = 1, NOW, NOW)
-WHERE ` + key + ` AND owner = ? AND token = ? AND released_at IS NULL AND expires_at > NOW`)
+WHERE ` + kkey + ` AND owner = ? AND token = ? AND NOT RELEASED AND expires_at > NOW`)
 	q.lockRelease = sub(`UPDATE {L} SET released_at = NOW, expires_at = LEAST(expires_at, NOW), updated_at = NOW
-WHERE ` + key + ` AND owner = ? AND token = ? AND released_at IS NULL`)
+WHERE ` + kkey + ` AND owner = ? AND token = ? AND NOT RELEASED`)
 	q.lockForce = sub(`UPDATE {L} SET released_at = NOW, expires_at = LEAST(expires_at, NOW), updated_at = NOW
-WHERE ` + key + ` AND released_at IS NULL AND expires_at > NOW`)
-	q.lockGet = sub(`SELECT ` + lockCols + ` FROM {L} WHERE ` + key + ` AND released_at IS NULL AND expires_at > NOW`)
-	q.lockList = sub("SELECT `key`, " + lockCols + ` FROM {L} WHERE namespace = ? AND %s AND ` + likeCond("`key`") +
-		" AND released_at IS NULL AND expires_at > NOW ORDER BY `key`")
+WHERE ` + kkey + ` AND NOT RELEASED AND expires_at > NOW`)
+	q.lockGet = sub(`SELECT ` + lockCols + ` FROM {L} WHERE ` + kkey + ` AND NOT RELEASED AND expires_at > NOW`)
+	q.lockList = sub("SELECT `key`, " + lockCols + ` FROM {L} WHERE ` + kns + ` AND %s AND ` + likeCond("`key`") +
+		" AND NOT RELEASED AND expires_at > NOW ORDER BY `key`")
 
 	// ----- circuits
 	circIns := `INSERT INTO {C} (namespace, ` + "`key`" + `, state, failure_count, last_failure_time, last_success_time, opened_at, probe_owner, probe_until, version, updated_at)`
@@ -125,17 +159,19 @@ WHERE ` + key + ` AND released_at IS NULL AND expires_at > NOW`)
 VALUES (?, ?, IF(? <= 1, 'open', 'closed'), 1, NOW, NULL, IF(? <= 1, NOW, NULL), NULL, NULL, 1, NOW)
 ON DUPLICATE KEY UPDATE
 	` + guarded(failSet))
-	q.circFailureGen = sub(`UPDATE {C} SET ` + plain(failSet) + ` WHERE ` + key + genWhere)
+	q.circFailureGen = sub(`UPDATE {C} SET ` + plain(failSet) + ` WHERE ` + kkey + genWhere)
 	q.circSuccess = sub(circIns + `
 VALUES (?, ?, 'closed', 0, NULL, NOW, NULL, NULL, NULL, 1, NOW)
 ON DUPLICATE KEY UPDATE
 	` + guarded(successSet))
-	q.circSuccessGen = sub(`UPDATE {C} SET ` + plain(successSet) + ` WHERE ` + key + genWhere)
+	q.circSuccessGen = sub(`UPDATE {C} SET ` + plain(successSet) + ` WHERE ` + kkey + genWhere)
+	// A circuit the go-go-scope adapter opened has no opened_at: it opened
+	// when it was last written (updated_at).
 	q.circProbe = sub(`UPDATE {C} SET state = 'half-open', probe_owner = ?, probe_until = EXP(?), version = version + 1, updated_at = NOW
-WHERE ` + key + ` AND (
-	(state = 'open' AND TIMESTAMPADD(MICROSECOND, ?, COALESCE(opened_at, '1970-01-01')) <= NOW)
+WHERE ` + kkey + ` AND (
+	(state = 'open' AND TIMESTAMPADD(MICROSECOND, ?, COALESCE(opened_at, updated_at, '1970-01-01')) <= NOW)
 	OR (state = 'half-open' AND (probe_owner IS NULL OR probe_owner = ? OR COALESCE(probe_until, '1970-01-01') <= NOW)))`)
-	q.circGet = sub(`SELECT ` + circCols + ` FROM {C} WHERE ` + key)
+	q.circGet = sub(`SELECT ` + circCols + ` FROM {C} WHERE ` + kkey)
 	q.circSet = sub(circIns + `
 VALUES (?, ?, ?, 0, NULL, NULL, IF(? = 'open', NOW, NULL), NULL, NULL, 1, NOW)
 ON DUPLICATE KEY UPDATE
@@ -146,25 +182,29 @@ ON DUPLICATE KEY UPDATE
 	probe_until = NULL,
 	version = version + 1,
 	updated_at = NOW`)
-	q.circDelete = sub(`DELETE FROM {C} WHERE ` + key)
-	q.circList = sub(`SELECT ` + circCols + ` FROM {C} WHERE namespace = ? AND %s AND ` + likeCond("`key`") + " ORDER BY `key`")
+	q.circDelete = sub(`DELETE FROM {C} WHERE ` + kkey)
+	q.circList = sub(`SELECT ` + circCols + ` FROM {C} WHERE ` + kns + ` AND %s AND ` + likeCond("`key`") + " ORDER BY `key`")
 
 	// ----- cache
+	// A value is in value (JSON, which go-go-scope reads and writes) or
+	// in value_bin (any other bytes), the other column NULL; go-go-scope
+	// writes value only, so a non-NULL value is always the current one.
 	live := "(expires_at IS NULL OR expires_at > NOW)"
-	q.cacheGet = sub(`SELECT value, expires_at FROM {K} WHERE ` + key + ` AND ` + live)
-	q.cacheSet = sub(`INSERT INTO {K} (namespace, ` + "`key`" + `, value, expires_at, updated_at) VALUES (?, ?, ?, EXP(?), NOW)
-ON DUPLICATE KEY UPDATE value = VALUES(value), expires_at = VALUES(expires_at), updated_at = VALUES(updated_at)`)
-	q.cacheSetIfAbsent = sub(`INSERT INTO {K} (namespace, ` + "`key`" + `, value, expires_at, updated_at)
-VALUES (IF(LAST_INSERT_ID(1) = 1, ?, NULL), ?, ?, EXP(?), NOW)
+	q.cacheGet = sub(`SELECT value, value_bin, expires_at FROM {K} WHERE ` + kkey + ` AND ` + live)
+	q.cacheSet = sub(`INSERT INTO {K} (namespace, ` + "`key`" + `, value, value_bin, expires_at, updated_at) VALUES (?, ?, JSONVAL, BINVAL, EXP(?), NOW)
+ON DUPLICATE KEY UPDATE value = VALUES(value), value_bin = VALUES(value_bin), expires_at = VALUES(expires_at), updated_at = VALUES(updated_at)`)
+	q.cacheSetIfAbsent = sub(`INSERT INTO {K} (namespace, ` + "`key`" + `, value, value_bin, expires_at, updated_at)
+VALUES (IF((@warden_out := 1) = 1, ?, NULL), ?, JSONVAL, BINVAL, EXP(?), NOW)
 ON DUPLICATE KEY UPDATE
-	value = IF(LAST_INSERT_ID(expires_at IS NOT NULL AND expires_at <= NOW), VALUES(value), value),
-	expires_at = IF(LAST_INSERT_ID() = 1, VALUES(expires_at), expires_at),
-	updated_at = IF(LAST_INSERT_ID() = 1, VALUES(updated_at), updated_at)`)
-	q.cacheDelete = sub(`DELETE FROM {K} WHERE ` + key + ` AND ` + live)
-	q.cacheHas = sub(`SELECT 1 FROM {K} WHERE ` + key + ` AND ` + live)
-	q.cacheClear = sub(`DELETE FROM {K} WHERE namespace = ? AND %s AND ` + live)
-	q.cacheClearDead = sub(`DELETE FROM {K} WHERE namespace = ? AND %s`)
-	q.cacheKeys = sub("SELECT `key` FROM {K} WHERE namespace = ? AND %s AND " + likeCond("`key`") + ` AND ` + live + " ORDER BY `key`")
+	value = IF((@warden_out := (expires_at IS NOT NULL AND expires_at <= NOW)), VALUES(value), value),
+	value_bin = IF(@warden_out = 1, VALUES(value_bin), value_bin),
+	expires_at = IF(@warden_out = 1, VALUES(expires_at), expires_at),
+	updated_at = IF(@warden_out = 1, VALUES(updated_at), updated_at)`)
+	q.cacheDelete = sub(`DELETE FROM {K} WHERE ` + kkey + ` AND ` + live)
+	q.cacheHas = sub(`SELECT 1 FROM {K} WHERE ` + kkey + ` AND ` + live)
+	q.cacheClear = sub(`DELETE FROM {K} WHERE ` + kns + ` AND %s AND ` + live)
+	q.cacheClearDead = sub(`DELETE FROM {K} WHERE ` + kns + ` AND %s`)
+	q.cacheKeys = sub("SELECT `key` FROM {K} WHERE " + kns + " AND %s AND " + likeCond("`key`") + ` AND ` + live + " ORDER BY `key`")
 
 	// ----- idempotency
 	// The first assignment computes the outcome from the old row:
@@ -172,20 +212,21 @@ ON DUPLICATE KEY UPDATE
 	// 5 renewed (owner's own pending claim), 3 in progress, 4 completed;
 	// a new row reports 1 from the VALUES list.
 	q.idemClaim = sub(`INSERT INTO {I} (namespace, ` + "`key`" + `, status, owner, fingerprint, result, created_at, expires_at, updated_at)
-VALUES (IF(LAST_INSERT_ID(1) = 1, ?, NULL), ?, 'pending', ?, ?, NULL, NOW, EXP(?), NOW)
+VALUES (IF((@warden_out := 1) = 1, ?, NULL), ?, 'pending', ?, ?, NULL, NOW, EXP(?), NOW)
 ON DUPLICATE KEY UPDATE
-	status = IF(LAST_INSERT_ID(CASE
+	status = IF((@warden_out := CASE
 		WHEN expires_at IS NOT NULL AND expires_at <= NOW THEN IF(status = 'pending', 2, 1)
 		WHEN status = 'pending' AND owner = VALUES(owner) THEN 5
 		WHEN status = 'pending' THEN 3
 		ELSE 4 END) <= 2, 'pending', status),
-	owner = IF(LAST_INSERT_ID() <= 2, VALUES(owner), owner),
-	fingerprint = IF(LAST_INSERT_ID() <= 2, VALUES(fingerprint), fingerprint),
-	result = IF(LAST_INSERT_ID() <= 2, NULL, result),
-	created_at = IF(LAST_INSERT_ID() <= 2, NOW, created_at),
-	expires_at = IF(LAST_INSERT_ID() IN (1, 2, 5), VALUES(expires_at), expires_at),
-	updated_at = IF(LAST_INSERT_ID() IN (1, 2, 5), NOW, updated_at)`)
+	owner = IF(@warden_out <= 2, VALUES(owner), owner),
+	fingerprint = IF(@warden_out <= 2, VALUES(fingerprint), fingerprint),
+	result = IF(@warden_out <= 2, NULL, result),
+	created_at = IF(@warden_out <= 2, NOW, created_at),
+	expires_at = IF(@warden_out IN (1, 2, 5), VALUES(expires_at), expires_at),
+	updated_at = IF(@warden_out IN (1, 2, 5), NOW, updated_at)`)
 	q.idemRow = sub(`SELECT ` + idemCols + ` FROM {I} WHERE ` + key)
+	q.idemClaimRow = sub(`SELECT @warden_out, ` + idemCols + ` FROM {I} WHERE ` + key)
 	q.idemExtend = sub(`UPDATE {I} SET expires_at = EXP(?), updated_at = IF(LAST_INSERT_ID(1) = 1, NOW, NOW) WHERE ` + key + ` AND status = 'pending' AND owner = ?`)
 	q.idemComplete = sub(`UPDATE {I} SET status = 'completed', result = ?, expires_at = EXP(?), updated_at = NOW
 WHERE ` + key + ` AND status = 'pending' AND owner = ?`)
@@ -199,29 +240,32 @@ ON DUPLICATE KEY UPDATE status = 'completed', owner = NULL, fingerprint = NULL, 
 	q.idemList = sub(`SELECT ` + idemCols + ` FROM {I} WHERE namespace = ? AND %s AND ` + likeCond("`key`") + ` AND ` + live + " ORDER BY `key`")
 
 	// ----- checkpoints
-	// Save: the fence row's upsert decides (LAST_INSERT_ID: the new
+	// Save: the fence row's upsert decides (@warden_out: the new
 	// sequence, 0 if refused), then the checkpoint is inserted, in one
 	// transaction. A task without a fence row starts from its
 	// checkpoints' highest sequence and token.
 	q.cpFenceSave = sub(`INSERT INTO {F} (namespace, task_id, fence_token, last_sequence, updated_at)
 VALUES (?, ?,
 	GREATEST(?, (SELECT COALESCE(MAX(token), 0) FROM {P} WHERE namespace = ? AND task_id = ?)),
-	LAST_INSERT_ID((SELECT COALESCE(MAX(sequence), 0) FROM {P} WHERE namespace = ? AND task_id = ?) + 1), NOW)
+	(@warden_out := (SELECT COALESCE(MAX(sequence), 0) FROM {P} WHERE namespace = ? AND task_id = ?) + 1), NOW)
 ON DUPLICATE KEY UPDATE
-	last_sequence = IF(? = 0 OR ? >= fence_token, LAST_INSERT_ID(last_sequence + 1), last_sequence + LAST_INSERT_ID(0)),
-	updated_at = IF(LAST_INSERT_ID() > 0, NOW, updated_at),
-	fence_token = IF(LAST_INSERT_ID() > 0, GREATEST(fence_token, ?), fence_token)`)
-	q.cpInsert = sub(`INSERT INTO {P} (namespace, id, task_id, sequence, ` + "`timestamp`" + `, progress, data, estimated_time_remaining, token)
-VALUES (?, ?, ?, ?, NOW, ?, ?, ?, ?)`)
-	// Fence: LAST_INSERT_ID is 1 if accepted, 0 if the fence is greater.
+	last_sequence = IF(? = 0 OR ? >= fence_token, (@warden_out := last_sequence + 1), last_sequence + (@warden_out := 0)),
+	updated_at = IF(@warden_out > 0, NOW, updated_at),
+	fence_token = IF(@warden_out > 0, GREATEST(fence_token, ?), fence_token)`)
+	// The checkpoint takes the sequence the fence row's upsert left in
+	// @warden_out, and is not inserted when that refused (0).
+	q.cpInsert = sub(`INSERT INTO {P} (namespace, id, task_id, sequence, ` + "`timestamp`" + `, progress, data, data_bin, estimated_time_remaining, token)
+SELECT ?, CONCAT(?, ':', @warden_out), ?, @warden_out, TSNOW, ?, JSONVAL, BINVAL, ?, ? FROM DUAL WHERE @warden_out > 0`)
+	// Fence: @warden_out is 1 if accepted, 0 if the fence is greater.
 	q.cpFence = sub(`INSERT INTO {F} (namespace, task_id, fence_token, last_sequence, updated_at)
-VALUES (?, ?, ? + LAST_INSERT_ID(1) - 1,
+VALUES (?, ?, ? + (@warden_out := 1) - 1,
 	(SELECT COALESCE(MAX(sequence), 0) FROM {P} WHERE namespace = ? AND task_id = ?), NOW)
 ON DUPLICATE KEY UPDATE
 	updated_at = IF(VALUES(fence_token) > fence_token, NOW, updated_at),
-	fence_token = IF(LAST_INSERT_ID(VALUES(fence_token) >= fence_token), VALUES(fence_token), fence_token)`)
+	fence_token = IF((@warden_out := (VALUES(fence_token) >= fence_token)), VALUES(fence_token), fence_token)`)
 	const task = "namespace = ? AND task_id = ?"
 	q.cpLoad = sub(`SELECT ` + cpCols + ` FROM {P} WHERE ` + task + ` AND sequence = ?`)
+	q.cpLoadOut = sub(`SELECT ` + cpCols + ` FROM {P} WHERE ` + task + ` AND sequence = @warden_out`)
 	q.cpLatest = sub(`SELECT ` + cpCols + ` FROM {P} WHERE ` + task + ` ORDER BY sequence DESC LIMIT 1`)
 	q.cpList = sub(`SELECT ` + cpCols + ` FROM {P} WHERE ` + task + ` ORDER BY sequence`)
 	// Fenced deletions lock the task's fence row (so that a Fence or a

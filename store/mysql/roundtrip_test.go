@@ -185,7 +185,9 @@ func TestRoundTrips(t *testing.T) {
 	})
 	count("Circuits.TryProbe", 4, func() error { _, _, err := cb.TryProbe(ctx, key, "p", 0, time.Second); return err })
 	count("Cache.Set", 1, func() error { return ca.Set(ctx, key, []byte("v"), time.Minute) })
-	count("Cache.SetIfAbsent", 1, func() error {
+	// The outcome is read from @warden_out on the same connection (not from
+	// LAST_INSERT_ID, which an AUTO_INCREMENT column overrides).
+	count("Cache.SetIfAbsent", 2, func() error {
 		ok, err := ca.SetIfAbsent(ctx, key, []byte("w"), time.Minute)
 		if ok {
 			t.Error("SetIfAbsent replaced a live entry")
@@ -202,7 +204,7 @@ func TestRoundTrips(t *testing.T) {
 	})
 	count("Idempotency.Extend", 1, func() error { _, err := id.Extend(ctx, key, "a", time.Minute); return err })
 	count("Idempotency.Complete", 1, func() error { _, err := id.Complete(ctx, key, "a", []byte("r"), time.Minute); return err })
-	count("Checkpoints.Fence", 4, func() error { _, err := cp.Fence(ctx, key, 5); return err })
+	count("Checkpoints.Fence", 5, func() error { _, err := cp.Fence(ctx, key, 5); return err })
 	count("Checkpoints.Save", 6, func() error {
 		_, ok, err := cp.Save(ctx, driver.CheckpointInput{TaskID: key, Progress: 50, Data: []byte("d"), Token: 5})
 		if err == nil && !ok {

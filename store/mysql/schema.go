@@ -2,7 +2,10 @@ package mysql
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
 	"strconv"
@@ -15,15 +18,18 @@ import (
 // hold what the store writes, set the primary key and add missing indexes.
 
 // column is one column of the layout. decl is its full declaration; fits
-// reports whether an existing column of type typ (information_schema
-// COLUMN_TYPE, lower case, integer display widths removed) holds what the
-// store writes; fill is the value given to NULLs when the column must
-// become NOT NULL.
+// reports whether an existing column (its information_schema COLUMN_TYPE,
+// lower case, integer display widths removed, and its collation) holds
+// what the store writes; fill is the value given to NULLs when the column
+// must become NOT NULL.
 type column struct {
 	name, decl string
-	fits       func(typ string) bool
+	fits       func(e existingCol) bool
 	fill       string
 }
+
+// hasDefault reports whether the layout declares a default.
+func (c column) hasDefault() bool { return strings.Contains(c.decl, "DEFAULT") }
 
 // notNull reports whether the layout declares the column NOT NULL.
 func (c column) notNull() bool { return strings.Contains(c.decl, "NOT NULL") }
@@ -52,23 +58,38 @@ func parseType(typ string) (string, int) {
 	return m[1], n
 }
 
-func binCol(name string, n int, null bool) column {
-	decl := fmt.Sprintf("VARBINARY(%d) NOT NULL", n)
+// strCol is a key, owner or namespace column: UTF-8 text under a binary
+// NO PAD collation (coll), so that values are compared and ordered by code
+// point (which is UTF-8 byte order), trailing spaces count, and clients
+// such as mysql2 read them as strings.
+func strCol(name string, n int, null bool, coll string) column {
+	decl := fmt.Sprintf("VARCHAR(%d) CHARACTER SET utf8mb4 COLLATE %s", n, coll)
 	if null {
-		decl = fmt.Sprintf("VARBINARY(%d) NULL", n)
+		decl += " NULL"
+	} else {
+		decl += " NOT NULL"
 	}
 	if name == "namespace" {
 		decl += " DEFAULT ''"
 	}
-	return column{name, decl, func(t string) bool { b, l := parseType(t); return b == "varbinary" && l >= n }, "''"}
+	return column{name, decl, func(e existingCol) bool {
+		b, l := parseType(e.typ)
+		return b == "varchar" && l >= n && e.coll == coll
+	}, "''"}
 }
 
+// nowDefault is the default of NOT NULL time columns: the database clock
+// in UTC, so that rows inserted by others without them (go-go-scope's
+// adapters name only key, owner and expires_at) get a time, whatever the
+// session time zone.
+const nowDefault = "(UTC_TIMESTAMP(3))"
+
 func timeCol(name string, null bool) column {
-	decl := "DATETIME(3) NOT NULL"
+	decl := "DATETIME(3) NOT NULL DEFAULT " + nowDefault
 	if null {
 		decl = "DATETIME(3) NULL"
 	}
-	return column{name, decl, func(t string) bool { b, l := parseType(t); return b == "datetime" && l >= 3 }, "'1970-01-01 00:00:00.000'"}
+	return column{name, decl, func(e existingCol) bool { b, l := parseType(e.typ); return b == "datetime" && l >= 3 }, nowDefault}
 }
 
 func intCol(name string, null bool) column {
@@ -76,7 +97,7 @@ func intCol(name string, null bool) column {
 	if null {
 		decl = "BIGINT NULL"
 	}
-	return column{name, decl, func(t string) bool { b, _ := parseType(t); return b == "bigint" }, "0"}
+	return column{name, decl, func(e existingCol) bool { b, _ := parseType(e.typ); return b == "bigint" }, "0"}
 }
 
 func blobCol(name string, null bool, kinds ...string) column {
@@ -87,15 +108,21 @@ func blobCol(name string, null bool, kinds ...string) column {
 	if len(kinds) == 0 {
 		kinds = []string{"longblob"}
 	}
-	return column{name, decl, func(t string) bool {
-		b, _ := parseType(t)
-		for _, k := range kinds {
-			if b == k {
-				return true
-			}
-		}
-		return false
+	return column{name, decl, func(e existingCol) bool {
+		b, _ := parseType(e.typ)
+		return slices.Contains(kinds, b)
 	}, "''"}
+}
+
+// jsonCol is a value column that go-go-scope's adapters read and write as
+// JSON: it holds the values that are JSON text, and its companion
+// LONGBLOB column name+"_bin" the others. An existing LONGBLOB (the
+// layout of earlier warden releases) or JSON/LONGTEXT column is kept.
+func jsonCol(name string) column {
+	return column{name, "JSON NULL", func(e existingCol) bool {
+		b, _ := parseType(e.typ)
+		return b == "json" || b == "longtext" || b == "longblob"
+	}, "NULL"}
 }
 
 func textCol(name string, n int, def string) column {
@@ -105,39 +132,58 @@ func textCol(name string, n int, def string) column {
 		decl += " DEFAULT " + def
 		fill = def
 	}
-	return column{name, decl, func(t string) bool {
-		b, l := parseType(t)
+	return column{name, decl, func(e existingCol) bool {
+		b, l := parseType(e.typ)
 		return (b == "varchar" || b == "char") && l >= n || b == "text" || b == "mediumtext" || b == "longtext"
 	}, fill}
 }
 
-// newLayout returns the store's tables under the configured names.
-func newLayout(t Tables) []tableDef {
-	ns := binCol("namespace", 64, false)
-	key := binCol("key", 600, false)
+// newLayout returns the store's tables under the configured names, with
+// key columns under collation coll.
+//
+// Locks, circuits and cache entries are keyed by `key` alone, as in
+// go-go-scope's layout: the stored key already starts with the prefix and
+// a kind tag, so it is unique across namespaces, and a row another
+// program inserts (namespace ”) is the same row as warden's. The
+// namespace column there is kept for listings and Purge of older rows.
+func newLayout(t Tables, coll string) []tableDef {
+	ns := strCol("namespace", 64, false, coll)
+	key := strCol("key", 600, false, coll)
+	owner := strCol("owner", 512, true, coll)
 	nk := []string{"namespace", "key"}
+	k := []string{"key"}
+	exp := map[string]string{"expires_at_idx": "expires_at"}
 	return []tableDef{
-		{name: t.Locks, pk: nk, cols: []column{ns, key,
-			binCol("owner", 512, true), intCol("token", false),
+		{name: t.Locks, pk: k, indexes: exp, cols: []column{ns, key,
+			owner, intCol("token", false),
 			timeCol("created_at", false), timeCol("acquired_at", false), timeCol("expires_at", false),
 			timeCol("released_at", true), timeCol("updated_at", false)}},
-		{name: t.Circuits, pk: nk, cols: []column{ns, key,
+		{name: t.Circuits, pk: k, cols: []column{ns, key,
 			textCol("state", 16, "'closed'"), intCol("failure_count", false),
 			timeCol("last_failure_time", true), timeCol("last_success_time", true), timeCol("opened_at", true),
-			binCol("probe_owner", 512, true), timeCol("probe_until", true),
-			intCol("version", false), timeCol("updated_at", false)}},
-		{name: t.Cache, pk: nk, indexes: map[string]string{"expires_at_idx": "expires_at"}, cols: []column{ns, key,
-			blobCol("value", false), timeCol("expires_at", true), timeCol("updated_at", false)}},
-		{name: t.Idempotency, pk: nk, indexes: map[string]string{"expires_at_idx": "expires_at"}, cols: []column{ns, key,
-			textCol("status", 16, ""), binCol("owner", 512, true), blobCol("fingerprint", true, "blob", "mediumblob", "longblob"),
+			strCol("probe_owner", 512, true, coll), timeCol("probe_until", true),
+			intCol("version", false), timeCol("updated_at", false),
+			// The breaker's counts; rows of writers that do not keep them
+			// read 0.
+			intCol("successes", false), intCol("total_failures", false), intCol("consecutive_successes", false),
+			timeCol("interval_start", true), intCol("probes", false)}},
+		{name: t.Cache, pk: k, indexes: exp, cols: []column{ns, key,
+			jsonCol("value"), blobCol("value_bin", true), timeCol("expires_at", true), timeCol("updated_at", false)}},
+		{name: t.Idempotency, pk: nk, indexes: exp, cols: []column{ns, key,
+			textCol("status", 16, ""), owner, blobCol("fingerprint", true, "blob", "mediumblob", "longblob"),
 			blobCol("result", true), timeCol("created_at", false), timeCol("expires_at", true), timeCol("updated_at", false)}},
 		{name: t.Checkpoints, pk: []string{"namespace", "task_id", "sequence"}, cols: []column{ns,
-			binCol("id", 640, false), binCol("task_id", 600, false), intCol("sequence", false),
-			timeCol("timestamp", false),
-			{"progress", "DOUBLE NOT NULL DEFAULT 0", func(t string) bool { b, _ := parseType(t); return b == "double" }, "0"},
-			blobCol("data", false), intCol("estimated_time_remaining", true), intCol("token", false)}},
+			strCol("id", 640, false, coll), strCol("task_id", 600, false, coll), intCol("sequence", false),
+			{"timestamp", "DATETIME(3) NOT NULL DEFAULT " + nowDefault, func(e existingCol) bool {
+				// go-go-scope's BIGINT of Unix milliseconds is kept (see
+				// store.cpMillis).
+				b, l := parseType(e.typ)
+				return b == "datetime" && l >= 3 || b == "bigint"
+			}, nowDefault},
+			{"progress", "DOUBLE NOT NULL DEFAULT 0", func(e existingCol) bool { b, _ := parseType(e.typ); return b == "double" }, "0"},
+			jsonCol("data"), blobCol("data_bin", true), intCol("estimated_time_remaining", true), intCol("token", false)}},
 		{name: t.CheckpointTasks, pk: []string{"namespace", "task_id"}, cols: []column{ns,
-			binCol("task_id", 600, false), intCol("fence_token", false), intCol("last_sequence", false),
+			strCol("task_id", 600, false, coll), intCol("fence_token", false), intCol("last_sequence", false),
 			timeCol("updated_at", false)}},
 	}
 }
@@ -169,32 +215,64 @@ func (td tableDef) createSQL() string {
 // existingCol is a column as information_schema describes it.
 type existingCol struct {
 	typ      string
+	coll     string // collation name, "" for non-text columns
 	nullable bool
 	hasDef   bool
-	defNow   bool // the default is CURRENT_TIMESTAMP
 	autoInc  bool
 }
 
 var displayWidthRe = regexp.MustCompile(`^((?:tiny|small|medium|big)?int)\(\d+\)`)
 
+// baseOf is the type family a declaration or COLUMN_TYPE names (JSON is
+// LONGTEXT on MariaDB).
+func baseOf(typ string) string {
+	b, _ := parseType(strings.ToLower(typ))
+	if b == "longtext" {
+		return "json"
+	}
+	return b
+}
+
+// keptDecl is the declaration that keeps an existing column's type (which
+// fits the layout although it is not the layout's own) while changing its
+// nullability or default to the layout's.
+func keptDecl(c column, e existingCol) string {
+	typ := e.typ
+	if baseOf(typ) == "json" {
+		typ = "JSON"
+	}
+	decl := typ + " NULL"
+	if c.notNull() {
+		decl = typ + " NOT NULL"
+		if c.hasDefault() && baseOf(c.decl) == baseOf(typ) {
+			decl += " DEFAULT " + c.fill
+		}
+	}
+	return decl
+}
+
 // plan inspects one table and returns the statements that bring it to the
-// layout (none when it already is).
+// layout (none when it already is). It changes nothing: a table it cannot
+// adopt is refused with an error naming the table and column, before any
+// table is altered.
 func (s *store) plan(ctx context.Context, td tableDef) ([]string, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT COLUMN_NAME, COLUMN_TYPE, IS_NULLABLE, COLUMN_DEFAULT IS NOT NULL, LOWER(COALESCE(COLUMN_DEFAULT, '')), EXTRA
+	rows, err := s.db.QueryContext(ctx, `SELECT COLUMN_NAME, COLUMN_TYPE, COALESCE(COLLATION_NAME, ''), IS_NULLABLE, COLUMN_DEFAULT IS NOT NULL, EXTRA
 		FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?`, td.name)
 	if err != nil {
 		return nil, err
 	}
 	have := map[string]existingCol{}
 	for rows.Next() {
-		var name, typ, nullable, def, extra string
+		var name, typ, coll, nullable, extra string
 		var hasDef bool
-		if err := rows.Scan(&name, &typ, &nullable, &hasDef, &def, &extra); err != nil {
+		if err := rows.Scan(&name, &typ, &coll, &nullable, &hasDef, &extra); err != nil {
 			rows.Close()
 			return nil, err
 		}
 		typ = displayWidthRe.ReplaceAllString(strings.ToLower(typ), "$1")
-		have[strings.ToLower(name)] = existingCol{typ, nullable == "YES", hasDef, strings.HasPrefix(def, "current_timestamp"), strings.Contains(strings.ToLower(extra), "auto_increment")}
+		// (MariaDB reports the default of a NULL-able column without one
+		// as 'NULL': hasDef is only consulted for NOT NULL columns.)
+		have[strings.ToLower(name)] = existingCol{typ, strings.ToLower(coll), nullable == "YES", hasDef, strings.Contains(strings.ToLower(extra), "auto_increment")}
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
@@ -211,30 +289,20 @@ func (s *store) plan(ctx context.Context, td tableDef) ([]string, error) {
 		e, ok := have[c.name]
 		switch {
 		case !ok:
-			decl := c.decl
-			if c.notNull() && strings.HasPrefix(decl, "DATETIME") {
-				// Existing rows get the epoch, not a zero date (which
-				// strict servers with NO_ZERO_DATE refuse).
-				decl += " DEFAULT " + c.fill
-			}
-			alter = append(alter, "ADD COLUMN "+qi(c.name)+" "+decl)
-		case strings.HasPrefix(c.decl, "DATETIME") && strings.Contains(e.typ, "int"):
+			alter = append(alter, "ADD COLUMN "+qi(c.name)+" "+c.decl)
+		case !c.fits(e) && strings.HasPrefix(c.decl, "DATETIME") && strings.Contains(e.typ, "int"):
 			// Numbers (epoch milliseconds?) would not convert to times.
-			return nil, fmt.Errorf("column %s is %s, not a date and time: convert it to DATETIME(3) in UTC yourself", c.name, e.typ)
-		case !c.fits(e.typ) || e.nullable == c.notNull():
+			return nil, fmt.Errorf("table %s column %s is %s, not a date and time: convert it to DATETIME(3) in UTC yourself", td.name, c.name, e.typ)
+		case !c.fits(e):
 			if e.nullable && c.notNull() {
 				stmts = append(stmts, fmt.Sprintf("UPDATE %s SET %s = %s WHERE %s IS NULL", qi(td.name), qi(c.name), c.fill, qi(c.name)))
 			}
-			decl := c.decl
-			if e.hasDef && c.notNull() && strings.HasPrefix(decl, "DATETIME") {
-				// Keep a default others' inserts may rely on.
-				if e.defNow {
-					decl += " DEFAULT CURRENT_TIMESTAMP(3)"
-				} else {
-					decl += " DEFAULT " + c.fill
-				}
+			alter = append(alter, "MODIFY COLUMN "+qi(c.name)+" "+c.decl)
+		case e.nullable == c.notNull() || c.notNull() && c.hasDefault() && !e.hasDef:
+			if e.nullable && c.notNull() {
+				stmts = append(stmts, fmt.Sprintf("UPDATE %s SET %s = %s WHERE %s IS NULL", qi(td.name), qi(c.name), c.fill, qi(c.name)))
 			}
-			alter = append(alter, "MODIFY COLUMN "+qi(c.name)+" "+decl)
+			alter = append(alter, "MODIFY COLUMN "+qi(c.name)+" "+keptDecl(c, e))
 		}
 	}
 	// Columns of others that the store does not write must accept its
@@ -253,7 +321,11 @@ func (s *store) plan(ctx context.Context, td tableDef) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	if idx["PRIMARY"] != strings.Join(td.pk, ",") {
+	pk := strings.Join(td.pk, ",")
+	if idx["PRIMARY"] != pk {
+		if err := s.checkUnique(ctx, td, have); err != nil {
+			return nil, err
+		}
 		if autoInc != "" && !indexedFirst(idx, autoInc) {
 			// An AUTO_INCREMENT column must stay the first column of a key.
 			alter = append(alter, "ADD UNIQUE KEY "+qi(autoInc+"_uniq")+" ("+qi(autoInc)+")")
@@ -261,18 +333,23 @@ func (s *store) plan(ctx context.Context, td tableDef) ([]string, error) {
 		if _, ok := idx["PRIMARY"]; ok {
 			alter = append(alter, "DROP PRIMARY KEY")
 		}
-		alter = append(alter, "ADD PRIMARY KEY ("+qlist(strings.Join(td.pk, ","))+")")
+		alter = append(alter, "ADD PRIMARY KEY ("+qlist(pk)+")")
 	}
-	// A unique index of others without the namespace would make one
-	// namespace's upsert meet another's row: it goes.
+	// A unique index of others that does not include the primary key
+	// would make one row's upsert meet another's row: it goes (but one
+	// holding an AUTO_INCREMENT column must stay).
 	for name, cols := range uniq {
-		if name != "PRIMARY" && !slices.Contains(strings.Split(cols, ","), "namespace") &&
-			(autoInc == "" || !slices.Contains(strings.Split(cols, ","), autoInc)) {
+		cs := strings.Split(cols, ",")
+		covers := true
+		for _, p := range td.pk {
+			covers = covers && slices.Contains(cs, p)
+		}
+		if name != "PRIMARY" && !covers && (autoInc == "" || !slices.Contains(cs, autoInc)) {
 			alter = append(alter, "DROP INDEX "+qi(name))
 		}
 	}
 	for name, cols := range td.indexes {
-		if _, ok := idx[name]; !ok {
+		if !slices.Contains(slices.Collect(maps.Values(idx)), cols) {
 			alter = append(alter, "ADD KEY "+qi(name)+" ("+qlist(cols)+")")
 		}
 	}
@@ -280,6 +357,32 @@ func (s *store) plan(ctx context.Context, td tableDef) ([]string, error) {
 		stmts = append(stmts, "ALTER TABLE "+qi(td.name)+" "+strings.Join(alter, ", "))
 	}
 	return stmts, nil
+}
+
+// checkUnique refuses a new primary key that the rows already in the
+// table would violate (the ALTER would fail half-way through a Migrate).
+// Columns the table lacks are added with one value for all rows and are
+// left out of the check.
+func (s *store) checkUnique(ctx context.Context, td tableDef, have map[string]existingCol) error {
+	var cols []string
+	for _, p := range td.pk {
+		if _, ok := have[p]; ok {
+			cols = append(cols, p)
+		}
+	}
+	if len(cols) == 0 {
+		return nil
+	}
+	var one int
+	err := s.db.QueryRowContext(ctx, "SELECT 1 FROM "+qi(td.name)+" GROUP BY "+qlist(strings.Join(cols, ","))+
+		" HAVING COUNT(*) > 1 LIMIT 1").Scan(&one)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return fmt.Errorf("table %s: several rows share column(s) %s, which become its primary key: remove the duplicates first", td.name, strings.Join(cols, ", "))
 }
 
 // indexedFirst reports whether col is the first column of some index
@@ -322,13 +425,26 @@ func (s *store) indexes(ctx context.Context, table string) (idx, uniq map[string
 
 // Migrate implements driver.Migrator: it creates the tables that are
 // missing and brings existing ones — such as those go-go-scope's MySQL
-// adapter created — to the store's layout: missing columns are added
-// (NOT NULL ones with a default), columns too narrow for what the store
-// writes are widened (keys and owners to VARBINARY, times to DATETIME(3),
-// values to LONGBLOB), other NOT NULL columns without a default become
-// NULL-able, and the primary key and indexes are set. It is idempotent,
-// and safe to run from several processes at once.
+// adapter created in connect() — to the store's layout: missing columns
+// are added (NOT NULL ones with a default, so that others' inserts that
+// do not name them work), columns too narrow for what the store writes are
+// widened (keys and owners to VARCHAR under a binary NO PAD collation,
+// times to DATETIME(3)), JSON values and go-go-scope's BIGINT checkpoint
+// timestamps are kept, other NOT NULL columns without a default become
+// NULL-able, and the primary key and indexes are set. Every table is
+// inspected before any is altered: what cannot be adopted (a time column
+// holding numbers, rows that the new primary key would make duplicates)
+// is refused with an error naming the table and column, and nothing is
+// changed. It is idempotent, and safe to run from several processes at
+// once.
 func (s *store) Migrate(ctx context.Context) error {
+	// Every table is inspected before any is altered, so that a table
+	// that cannot be adopted leaves the database as it was.
+	for _, td := range s.layout {
+		if _, err := s.plan(ctx, td); err != nil {
+			return ctxErr(ctx, fmt.Errorf("mysql: migrate: %w", err))
+		}
+	}
 	for _, td := range s.layout {
 		if err := s.migrateTable(ctx, td); err != nil {
 			return ctxErr(ctx, fmt.Errorf("mysql: migrate %s: %w", td.name, err))

@@ -50,14 +50,16 @@ func buildQueries(c config, lg legacy) queries {
 	// ----- locks
 	// A live holding: not released and not expired. The same owner on a
 	// live holding keeps its token and acquisition time; every other
-	// acquisition is a new holding with the next token.
+	// acquisition is a new holding with the next token, never below the
+	// clock's token base (another program sharing the table, such as
+	// go-go-scope's adapter, may have rewritten the row with token 0).
 	q.lockAcquire = sub(c, `INSERT INTO {L} (namespace, key, owner, token, created_at, acquired_at, expires_at, released_at, updated_at)
 VALUES (:ns, :key, :owner, :base, :now, :now, :exp, NULL, :now)
 ON CONFLICT (namespace, key) DO UPDATE SET
 	token = CASE
 		WHEN {L}.released_at IS NULL AND {L}.expires_at > :now AND {L}.owner = :owner THEN {L}.token
 		WHEN {L}.token IS NULL THEN :base
-		ELSE {L}.token + 1 END,
+		ELSE max({L}.token + 1, :base) END,
 	acquired_at = CASE
 		WHEN {L}.released_at IS NULL AND {L}.expires_at > :now AND {L}.owner = :owner THEN COALESCE({L}.acquired_at, :now)
 		ELSE :now END,
