@@ -3,6 +3,7 @@ package mongo
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sort"
 	"strings"
 	"time"
@@ -13,44 +14,103 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 )
 
-// cache is the cache driver. A cache document: key (prefix + "cache:" +
-// key), namespace, value (binary), expiresAt (null: no expiry), updatedAt.
+// cache is the cache driver. A cache document: _id and key (prefix +
+// "cache:" + key), namespace, value (native BSON for JSON values, else
+// binary: see values.go), expiresAt (null: no expiry), updatedAt.
+//
+// Entries of the go-go-scope adapter. The adapter upserts by key alone, so
+// it writes into warden's document when there is one; when there is none
+// it inserts its own, with an ObjectId _id and no namespace. warden reads,
+// overwrites and deletes such a document as the entry of its key: a lookup
+// by _id that finds nothing also looks for a document with that key and
+// no namespace (in the same query on MongoDB; as a second one on servers
+// that scan for any filter but _id), and a write that collides with one on
+// the unique key index writes into it.
 type cache struct{ s *store }
 
 type cacheDoc struct {
-	Key       string     `bson:"key"`
-	Value     []byte     `bson:"value"`
-	ExpiresAt *time.Time `bson:"expiresAt"`
+	ID        any           `bson:"_id"`
+	Key       string        `bson:"key"`
+	Value     bson.RawValue `bson:"value"`
+	ExpiresAt *time.Time    `bson:"expiresAt"`
+}
+
+// nodeEntry is the filter of a go-go-scope adapter's entry of stored key
+// sk: that key, no namespace.
+func nodeEntry(sk string) bson.D {
+	return bson.D{{Key: "key", Value: sk}, {Key: "namespace", Value: bson.D{{Key: "$exists", Value: false}}}}
+}
+
+// cacheRange restricts a cache listing to stored keys starting with
+// prefix in the namespace: warden's documents by their namespace, the
+// go-go-scope adapter's (no namespace) by their key alone, which the key
+// range bounds (stored keys are unambiguous, see driver.ValidatePrefix).
+func (s *store) cacheRange(prefix string) bson.D {
+	r := s.keyRange("key", prefix)
+	r[0] = bson.E{Key: "namespace", Value: bson.D{{Key: "$in", Value: bson.A{s.prefix, nil}}}}
+	return r
+}
+
+// findEntry reads the entry of stored key sk: warden's document, else the
+// go-go-scope adapter's.
+func (c cache) findEntry(ctx context.Context, sk string, d *cacheDoc) error {
+	s := c.s
+	proj := options.FindOne().SetProjection(set("value", 1, "expiresAt", 1))
+	if !s.scans {
+		// One query; both branches are indexed (_id, key_1). warden's
+		// document wins should both exist (the sort puts strings before
+		// ObjectIds).
+		f := bson.D{{Key: "$or", Value: bson.A{s.nsKey(sk), nodeEntry(sk)}}}
+		return s.cache.FindOne(ctx, f, proj.SetSort(set("_id", 1))).Decode(d)
+	}
+	err := s.cache.FindOne(ctx, s.nsKey(sk), proj).Decode(d)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		err = s.cache.FindOne(ctx, nodeEntry(sk), proj).Decode(d)
+	}
+	return err
 }
 
 // Get implements driver.Cache: one find.
 func (c cache) Get(ctx context.Context, key string) (driver.CacheEntry, bool, error) {
 	s := c.s
 	var d cacheDoc
-	// Reads filter on _id alone and check expiry here: one document, read
+	// Reads filter on _id and check expiry here: one document, read
 	// atomically, and the only filter FerretDB looks up without a scan.
 	t := now()
-	err := s.cache.FindOne(ctx, s.nsKey(s.cachePfx+key), options.FindOne().SetProjection(set("value", 1, "expiresAt", 1))).Decode(&d)
+	err := c.findEntry(ctx, s.cachePfx+key, &d)
 	if errors.Is(err, mongo.ErrNoDocuments) || (err == nil && !liveAt(d.ExpiresAt, t)) {
 		return driver.CacheEntry{}, false, nil
 	}
 	if err != nil {
 		return driver.CacheEntry{}, false, ctxErr(ctx, err)
 	}
-	return driver.CacheEntry{Key: key, Value: nonNil(d.Value), ExpiresAt: utc(d.ExpiresAt)}, true, nil
+	v, err := valueJSON(d.Value)
+	if err != nil {
+		return driver.CacheEntry{}, false, fmt.Errorf("%w (key %q)", err, key)
+	}
+	return driver.CacheEntry{Key: key, Value: v, ExpiresAt: utc(d.ExpiresAt)}, true, nil
 }
 
-// Set implements driver.Cache: one upsert.
+// Set implements driver.Cache: one upsert; two when the key's entry is the
+// go-go-scope adapter's document, which the upsert collides with.
 func (c cache) Set(ctx context.Context, key string, value []byte, ttl time.Duration) error {
 	s := c.s
+	sk := s.cachePfx + key
+	v := storedValue(value)
 	for range s.tries {
 		s.raced("write")
 		t := now()
-		_, err := s.cache.UpdateOne(ctx, s.nsKey(s.cachePfx+key),
-			s.withIdent(bson.D{{Key: "$set", Value: set("value", nonNil(value), "expiresAt", expiry(t, ttl), "updatedAt", t)}}, s.cachePfx+key),
-			options.UpdateOne().SetUpsert(true))
+		upd := bson.D{{Key: "$set", Value: set("value", v, "expiresAt", expiry(t, ttl), "updatedAt", t)}}
+		_, err := s.cache.UpdateOne(ctx, s.nsKey(sk), s.withIdent(upd, sk), options.UpdateOne().SetUpsert(true))
 		if !isDup(err) { // concurrent first upserts: one inserts, repeat the other
 			return ctxErr(ctx, err)
+		}
+		res, err := s.cache.UpdateOne(ctx, nodeEntry(sk), upd)
+		if err != nil {
+			return ctxErr(ctx, err)
+		}
+		if res.MatchedCount > 0 {
+			return nil
 		}
 	}
 	return s.busy("writing cache entry", key)
@@ -58,16 +118,25 @@ func (c cache) Set(ctx context.Context, key string, value []byte, ttl time.Durat
 
 // SetIfAbsent implements driver.Cache: one upsert whose filter matches an
 // expired entry; a live entry makes the insert collide (E11000): not
-// stored.
+// stored, unless the collision was with an expired entry of the
+// go-go-scope adapter, which is then overwritten on condition that it is
+// still expired.
 func (c cache) SetIfAbsent(ctx context.Context, key string, value []byte, ttl time.Duration) (bool, error) {
 	s := c.s
+	sk := s.cachePfx + key
 	t := now()
-	f := append(s.nsKey(s.cachePfx+key), bson.E{Key: "expiresAt", Value: set("$lte", t)})
-	res, err := s.cache.UpdateOne(ctx, f,
-		s.withIdent(bson.D{{Key: "$set", Value: set("value", nonNil(value), "expiresAt", expiry(t, ttl), "updatedAt", t)}}, s.cachePfx+key),
-		options.UpdateOne().SetUpsert(true))
+	upd := bson.D{{Key: "$set", Value: set("value", storedValue(value), "expiresAt", expiry(t, ttl), "updatedAt", t)}}
+	f := append(s.nsKey(sk), bson.E{Key: "expiresAt", Value: set("$lte", t)})
+	res, err := s.cache.UpdateOne(ctx, f, s.withIdent(upd, sk), options.UpdateOne().SetUpsert(true))
 	if isDup(err) {
-		return false, nil
+		if dupOnID(err) {
+			return false, nil // warden's own entry is live
+		}
+		res, err := s.cache.UpdateOne(ctx, append(nodeEntry(sk), bson.E{Key: "expiresAt", Value: set("$lte", t)}), upd)
+		if err != nil {
+			return false, ctxErr(ctx, err)
+		}
+		return res.MatchedCount > 0, nil
 	}
 	if err != nil {
 		return false, ctxErr(ctx, err)
@@ -78,11 +147,15 @@ func (c cache) SetIfAbsent(ctx context.Context, key string, value []byte, ttl ti
 // Delete implements driver.Cache.
 func (c cache) Delete(ctx context.Context, key string) (bool, error) {
 	s := c.s
+	sk := s.cachePfx + key
 	// Deletes the entry, live or expired (expired is absent), and reports
 	// whether it was live.
 	t := now()
 	var d cacheDoc
-	err := s.cache.FindOneAndDelete(ctx, s.nsKey(s.cachePfx+key)).Decode(&d)
+	err := s.cache.FindOneAndDelete(ctx, s.nsKey(sk)).Decode(&d)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		err = s.cache.FindOneAndDelete(ctx, nodeEntry(sk)).Decode(&d)
+	}
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return false, nil
 	}
@@ -97,7 +170,7 @@ func (c cache) Has(ctx context.Context, key string) (bool, error) {
 	s := c.s
 	t := now()
 	var d cacheDoc
-	err := s.cache.FindOne(ctx, s.nsKey(s.cachePfx+key), options.FindOne().SetProjection(set("expiresAt", 1))).Decode(&d)
+	err := c.findEntry(ctx, s.cachePfx+key, &d)
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return false, nil
 	}
@@ -111,11 +184,11 @@ func (c cache) Has(ctx context.Context, key string) (bool, error) {
 // (counted), then its expired ones.
 func (c cache) Clear(ctx context.Context) (int64, error) {
 	s := c.s
-	res, err := s.cache.DeleteMany(ctx, append(s.keyRange("key", s.cachePfx), live(now())))
+	res, err := s.cache.DeleteMany(ctx, append(s.cacheRange(s.cachePfx), live(now())))
 	if err != nil {
 		return 0, ctxErr(ctx, err)
 	}
-	if _, err := s.cache.DeleteMany(ctx, s.keyRange("key", s.cachePfx)); err != nil {
+	if _, err := s.cache.DeleteMany(ctx, s.cacheRange(s.cachePfx)); err != nil {
 		return res.DeletedCount, ctxErr(ctx, err)
 	}
 	return res.DeletedCount, nil
@@ -125,7 +198,7 @@ func (c cache) Clear(ctx context.Context) (int64, error) {
 func (c cache) Keys(ctx context.Context, pattern driver.Pattern) ([]string, error) {
 	s := c.s
 	var out []string
-	f := append(s.keyRange("key", s.cachePfx+pattern.Prefix()), live(now()))
+	f := append(s.cacheRange(s.cachePfx+pattern.Prefix()), live(now()))
 	err := findAll(ctx, s.cache, f, set("key", 1), func(d *cacheDoc) {
 		if key, ok := strings.CutPrefix(d.Key, s.cachePfx); ok && pattern.Match(key) {
 			out = append(out, key)

@@ -3,6 +3,7 @@ package mongo
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sort"
 	"strings"
 	"time"
@@ -16,10 +17,19 @@ import (
 // locks is the lock driver.
 //
 // A lock document: key (prefix + "lock:" + key), namespace, owner, token,
-// acquiredAt, expiresAt, released, releasedAt, createdAt, updatedAt. The
-// document is kept after release (released: true, expiresAt lowered to the
-// release time) so that its token carries on; the TTL index deletes it
-// LockRetention after its holding ended.
+// acquiredAt, expiresAt, released, releasedAt, purgeAt, createdAt,
+// updatedAt. The document is kept after release so that its token carries
+// on: released: true, expiresAt removed and key parked (see parkedKey), so
+// that neither the go-go-scope adapter's unique index on key nor its TTL
+// index on expiresAt sees a released document. warden's TTL index on
+// purgeAt (the end of the holding plus LockRetention) deletes it once it
+// has been idle for the retention.
+//
+// Locks of the go-go-scope adapter. The adapter inserts its own documents
+// (an ObjectId _id, key, owner, expiresAt, createdAt) and relies on a
+// unique index on key. A warden acquire that collides with such a document
+// reports it as the holder while it is live, and deletes it (conditionally
+// on its expiry) once it has expired; see foreign.
 //
 // Fencing tokens. A new holding gets the candidate token
 // TokenBase(now) = now in ms × 4096, from the client's clock, if that is
@@ -102,7 +112,7 @@ func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 			_, err := s.locks.InsertOne(ctx, bson.D{{Key: "_id", Value: s.docID(sk)}, {Key: "key", Value: sk},
 				{Key: "namespace", Value: s.prefix}, {Key: "owner", Value: owner}, {Key: "token", Value: cand},
 				{Key: "acquiredAt", Value: t}, {Key: "expiresAt", Value: after(t, ttl)}, {Key: "released", Value: false},
-				{Key: "releasedAt", Value: nil}, {Key: "createdAt", Value: t}, {Key: "updatedAt", Value: t}})
+				{Key: "releasedAt", Value: nil}, {Key: "purgeAt", Value: purgeAt(t, ttl)}, {Key: "createdAt", Value: t}, {Key: "updatedAt", Value: t}})
 			if err == nil {
 				s.rememberLock(sk, true)
 				s.emitLock(ctx, evAcquired, sk, owner, cand, t)
@@ -114,12 +124,12 @@ func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 		} else if write && !s.scans {
 			filter := append(s.nsKey(sk), bson.E{Key: "token", Value: bson.D{{Key: "$lt", Value: cand}}}, free(t))
 			update := bson.D{
-				{Key: "$set", Value: bson.D{{Key: "owner", Value: owner}, {Key: "token", Value: cand},
+				{Key: "$set", Value: bson.D{{Key: "key", Value: sk}, {Key: "owner", Value: owner}, {Key: "token", Value: cand},
 					{Key: "acquiredAt", Value: t}, {Key: "expiresAt", Value: after(t, ttl)},
-					{Key: "released", Value: false}, {Key: "releasedAt", Value: nil}, {Key: "updatedAt", Value: t}}},
-				{Key: "$setOnInsert", Value: bson.D{{Key: "createdAt", Value: t}}},
+					{Key: "released", Value: false}, {Key: "releasedAt", Value: nil}, {Key: "purgeAt", Value: purgeAt(t, ttl)}, {Key: "updatedAt", Value: t}}},
+				{Key: "$setOnInsert", Value: bson.D{{Key: "createdAt", Value: t}, {Key: "namespace", Value: s.prefix}}},
 			}
-			err := s.locks.FindOneAndUpdate(ctx, filter, s.withIdent(update, sk), after1().SetUpsert(true)).Decode(&d)
+			err := s.locks.FindOneAndUpdate(ctx, filter, update, after1().SetUpsert(true)).Decode(&d)
 			if err == nil {
 				s.emitLock(ctx, evAcquired, sk, d.Owner, d.Token, t)
 				return d.record(key), true, nil
@@ -135,8 +145,14 @@ func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 		}
 		write = false
 		if errors.Is(err, mongo.ErrNoDocuments) {
+			// No document of ours: the collision was on key, with a
+			// go-go-scope holding (or ours was deleted meanwhile).
+			rec, held, err := l.foreign(ctx, key, sk)
+			if err != nil || held {
+				return rec, false, err
+			}
 			write = true
-			continue // deleted meanwhile (purged): insert again
+			continue // the other document is gone (or was deleted as expired): insert again
 		}
 		if err != nil {
 			return driver.LockRecord{}, false, ctxErr(ctx, err)
@@ -150,7 +166,7 @@ func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 			s.raced("renew")
 			f := append(s.nsKey(sk), bson.E{Key: "owner", Value: owner}, bson.E{Key: "token", Value: d.Token},
 				bson.E{Key: "released", Value: false}, bson.E{Key: "expiresAt", Value: bson.D{{Key: "$gt", Value: t}}})
-			u := bson.D{{Key: "$set", Value: bson.D{{Key: "expiresAt", Value: after(t, ttl)}, {Key: "updatedAt", Value: t}}}}
+			u := bson.D{{Key: "$set", Value: bson.D{{Key: "expiresAt", Value: after(t, ttl)}, {Key: "purgeAt", Value: purgeAt(t, ttl)}, {Key: "updatedAt", Value: t}}}}
 			var r lockDoc
 			err := s.locks.FindOneAndUpdate(ctx, f, u, after1()).Decode(&r)
 			if err == nil {
@@ -163,14 +179,23 @@ func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 			// Free: compare-and-swap on the token read.
 			tok := max(driver.TokenBase(t), d.Token+1)
 			f := append(s.nsKey(sk), bson.E{Key: "token", Value: d.Token}, free(t))
-			u := bson.D{{Key: "$set", Value: bson.D{{Key: "owner", Value: owner}, {Key: "token", Value: tok},
+			u := bson.D{{Key: "$set", Value: bson.D{{Key: "key", Value: sk}, {Key: "owner", Value: owner}, {Key: "token", Value: tok},
 				{Key: "acquiredAt", Value: t}, {Key: "expiresAt", Value: after(t, ttl)}, {Key: "released", Value: false},
-				{Key: "releasedAt", Value: nil}, {Key: "updatedAt", Value: t}}}}
+				{Key: "releasedAt", Value: nil}, {Key: "purgeAt", Value: purgeAt(t, ttl)}, {Key: "updatedAt", Value: t}}}}
 			var r lockDoc
 			err := s.locks.FindOneAndUpdate(ctx, f, u, after1()).Decode(&r)
 			if err == nil {
 				s.emitLock(ctx, evAcquired, sk, r.Owner, r.Token, t)
 				return r.record(key), true, nil
+			}
+			if isDup(err) {
+				// Our released document cannot take the key back: a
+				// go-go-scope holding has it.
+				rec, held, err := l.foreign(ctx, key, sk)
+				if err != nil || held {
+					return rec, false, err
+				}
+				continue
 			}
 			if !errors.Is(err, mongo.ErrNoDocuments) {
 				return driver.LockRecord{}, false, ctxErr(ctx, err)
@@ -215,7 +240,7 @@ func (l locks) Refresh(ctx context.Context, key, owner string, token int64, ttl 
 	t := now()
 	f := append(s.nsKey(s.lockPfx+key), bson.E{Key: "owner", Value: owner}, bson.E{Key: "token", Value: token},
 		bson.E{Key: "released", Value: false}, bson.E{Key: "expiresAt", Value: bson.D{{Key: "$gt", Value: t}}})
-	u := bson.D{{Key: "$set", Value: bson.D{{Key: "expiresAt", Value: after(t, ttl)}, {Key: "updatedAt", Value: t}}}}
+	u := bson.D{{Key: "$set", Value: bson.D{{Key: "expiresAt", Value: after(t, ttl)}, {Key: "purgeAt", Value: purgeAt(t, ttl)}, {Key: "updatedAt", Value: t}}}}
 	var d lockDoc
 	err := s.locks.FindOneAndUpdate(ctx, f, u, after1()).Decode(&d)
 	if errors.Is(err, mongo.ErrNoDocuments) {
@@ -227,12 +252,69 @@ func (l locks) Refresh(ctx context.Context, key, owner string, token int64, ttl 
 	return d.record(key), true, nil
 }
 
-// releaseUpdate marks a holding released at t; the document stays.
-func releaseUpdate(t time.Time) bson.D {
+// releaseUpdate marks the holding of the document with _id id released at
+// t. The document stays, with its token, out of the way of the go-go-scope
+// adapter: its key parked (the adapter's unique index on key then lets the
+// adapter insert its own holding) and no expiresAt (the adapter's TTL index
+// on expiresAt, expireAfterSeconds 0, would delete it at once and the
+// token with it). purgeAt keeps it for LockRetention.
+func releaseUpdate(id string, t time.Time) bson.D {
 	return bson.D{
-		{Key: "$set", Value: bson.D{{Key: "released", Value: true}, {Key: "releasedAt", Value: t}, {Key: "updatedAt", Value: t}}},
-		{Key: "$min", Value: bson.D{{Key: "expiresAt", Value: t}}},
+		{Key: "$set", Value: bson.D{{Key: "key", Value: parkedKey(id)}, {Key: "released", Value: true}, {Key: "releasedAt", Value: t},
+			{Key: "purgeAt", Value: t.Add(LockRetention)}, {Key: "updatedAt", Value: t}}},
+		{Key: "$unset", Value: bson.D{{Key: "expiresAt", Value: ""}}},
 	}
+}
+
+// parkedKey is the key of a released lock document whose _id is id. It
+// starts with ':', which no stored key of warden does (a prefix is a name
+// followed by ':', a store without prefix starts with a kind tag), and is
+// unique per document, as the unique indexes on key need.
+func parkedKey(id string) string { return ":released:" + id }
+
+// purgeAt is when the TTL index on purgeAt may delete a lock document
+// whose holding runs from t for ttl: LockRetention after its end.
+func purgeAt(t time.Time, ttl time.Duration) time.Time { return after(t, ttl).Add(LockRetention) }
+
+// foreignLock is a lock document under another _id holding the stored key:
+// one the go-go-scope adapter inserted.
+type foreignLock struct {
+	ID        any        `bson:"_id"`
+	Owner     string     `bson:"owner"`
+	CreatedAt *time.Time `bson:"createdAt"`
+	ExpiresAt *time.Time `bson:"expiresAt"`
+	Namespace *string    `bson:"namespace"`
+}
+
+// foreign looks at the document that holds the stored key sk under an _id
+// other than warden's, after an acquire collided on the key. A live one is
+// the holder (held: the acquire is not granted). An expired one is deleted,
+// on condition that it is still expired (a holder that extended it keeps
+// it), and the acquire tries again; so does one that is gone. A go-go-scope
+// holding has no token: tokens come from warden's own document, or
+// TokenBase when there is none.
+func (l locks) foreign(ctx context.Context, key, sk string) (driver.LockRecord, bool, error) {
+	s := l.s
+	var d foreignLock
+	err := s.locks.FindOne(ctx, bson.D{{Key: "key", Value: sk}, {Key: "_id", Value: bson.D{{Key: "$ne", Value: s.docID(sk)}}}}).Decode(&d)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return driver.LockRecord{}, false, nil
+	}
+	if err != nil {
+		return driver.LockRecord{}, false, ctxErr(ctx, err)
+	}
+	if d.Namespace != nil {
+		return driver.LockRecord{}, false, fmt.Errorf("mongo: acquiring lock %q: document %v of namespace %q holds the same stored key %q", key, d.ID, *d.Namespace, sk)
+	}
+	t := now()
+	if d.ExpiresAt == nil || d.ExpiresAt.After(t) {
+		// A go-go-scope lock without expiresAt never expires there either.
+		return driver.LockRecord{Key: key, Owner: d.Owner, AcquiredAt: utc(d.CreatedAt), ExpiresAt: utc(d.ExpiresAt)}, true, nil
+	}
+	if _, err := s.locks.DeleteOne(ctx, bson.D{{Key: "_id", Value: d.ID}, {Key: "expiresAt", Value: bson.D{{Key: "$lte", Value: t}}}}); err != nil {
+		return driver.LockRecord{}, false, ctxErr(ctx, err)
+	}
+	return driver.LockRecord{}, false, nil
 }
 
 // Release implements driver.Locks: one updateOne checked on owner and
@@ -242,7 +324,7 @@ func (l locks) Release(ctx context.Context, key, owner string, token int64) (boo
 	sk := s.lockPfx + key
 	t := now()
 	f := append(s.nsKey(sk), bson.E{Key: "owner", Value: owner}, bson.E{Key: "token", Value: token}, bson.E{Key: "released", Value: false})
-	res, err := s.locks.UpdateOne(ctx, f, releaseUpdate(t))
+	res, err := s.locks.UpdateOne(ctx, f, releaseUpdate(s.docID(sk), t))
 	if err != nil {
 		return false, ctxErr(ctx, err)
 	}
@@ -260,7 +342,7 @@ func (l locks) ForceRelease(ctx context.Context, key string) (bool, error) {
 	t := now()
 	f := append(s.nsKey(sk), bson.E{Key: "released", Value: false}, bson.E{Key: "expiresAt", Value: bson.D{{Key: "$gt", Value: t}}})
 	var d lockDoc
-	err := s.locks.FindOneAndUpdate(ctx, f, releaseUpdate(t)).Decode(&d)
+	err := s.locks.FindOneAndUpdate(ctx, f, releaseUpdate(s.docID(sk), t)).Decode(&d)
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return false, nil
 	}

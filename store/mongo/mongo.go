@@ -582,7 +582,18 @@ func utc(t *time.Time) time.Time {
 
 // isDup reports a duplicate-key error (E11000): an upsert whose filter did
 // not match found the key taken.
-func isDup(err error) bool { return mongo.IsDuplicateKeyError(err) }
+//
+// FerretDB 1.24 (the test server) answers an update that would break a
+// unique index other than _id with an InternalError naming SQLite's
+// "UNIQUE constraint failed" instead; it is the same collision.
+func isDup(err error) bool {
+	return mongo.IsDuplicateKeyError(err) || (err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed"))
+}
+
+// dupOnID reports a duplicate-key error that names the _id index. MongoDB
+// names the index in the message; FerretDB does not, and such an error is
+// then not known to be on _id.
+func dupOnID(err error) bool { return isDup(err) && strings.Contains(err.Error(), "index: _id_ ") }
 
 // nsKey is the filter of one record by its stored key. The stored key is
 // the document's _id (MongoDB's primary key, the only one FerretDB looks up

@@ -27,8 +27,12 @@ func (s *store) Purge(ctx context.Context, lockRetention time.Duration) (int64, 
 	}{
 		{s.cache, append(s.keyRange("key", s.cachePfx), bson.E{Key: "expiresAt", Value: set("$lte", t)})},
 		{s.idem, bson.D{{Key: "namespace", Value: s.prefix}, {Key: "expiresAt", Value: set("$lte", t)}}},
-		// A released holding's expiresAt is its release time.
-		{s.locks, append(s.keyRange("key", s.lockPfx), bson.E{Key: "expiresAt", Value: set("$lte", cutoff)})},
+		// Released holdings by their release time (a released document
+		// has no expiresAt and a parked key), lapsed ones by their expiry.
+		{s.locks, bson.D{{Key: "namespace", Value: s.prefix}, {Key: "$or", Value: bson.A{
+			bson.D{{Key: "released", Value: true}, {Key: "releasedAt", Value: set("$lte", cutoff)}},
+			bson.D{{Key: "released", Value: false}, {Key: "expiresAt", Value: set("$lte", cutoff)}},
+		}}}},
 	} {
 		res, err := p.c.DeleteMany(ctx, p.f)
 		if err != nil {

@@ -151,7 +151,9 @@ func TestRoundTrips(t *testing.T) {
 	})
 	count("Circuits.TryProbe (refused)", 2, func() error { _, _, err := cb.TryProbe(ctx, "c", "q", 0, time.Minute); return err })
 	count("Cache.Set", 1, func() error { return ca.Set(ctx, "c", []byte("v"), time.Minute) })
-	count("Cache.SetIfAbsent", 1, func() error {
+	// FerretDB does not name the index of a duplicate key: a collision
+	// there may be with a go-go-scope entry, which costs a look.
+	count("Cache.SetIfAbsent", pick(1, 2), func() error {
 		ok, err := ca.SetIfAbsent(ctx, "c", []byte("w"), time.Minute)
 		if ok {
 			t.Error("SetIfAbsent replaced a live entry")

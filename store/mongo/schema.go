@@ -56,22 +56,48 @@ type index struct {
 }
 
 // indexes lists the store's indexes: a unique index on each record's key
-// within its namespace, TTL indexes on expiresAt where records expire (for
-// locks, after the retention that keeps their fencing counter), the unique
-// {taskId, sequence} of checkpoints and the fences' unique task id.
+// within its namespace; the go-go-scope adapter's unique index on key alone
+// for locks, circuits and cache (under its name, key_1: it is what makes
+// the adapter's insert-only lock acquire exclude warden's holdings, and
+// stored keys are unambiguous across namespaces, see driver.ValidatePrefix);
+// TTL indexes on expiresAt where records expire (under the adapter's name,
+// expiresAt_1, with its options, so that its connect() finds them made);
+// the lock documents' TTL index on purgeAt (they outlive their holding by
+// LockRetention, carrying the fencing counter); the unique {taskId,
+// sequence} of checkpoints and the fences' unique task id.
 func (s *store) indexes() []index {
 	keyNS := bson.D{{Key: "key", Value: 1}, {Key: "namespace", Value: 1}}
+	key := bson.D{{Key: "key", Value: 1}}
 	exp := bson.D{{Key: "expiresAt", Value: 1}}
 	return []index{
 		{s.locks, keyNS, "warden_key_namespace", true, -1},
-		{s.locks, exp, "warden_expiresAt_ttl", false, int32(LockRetention / time.Second)},
+		{s.locks, key, "key_1", true, -1},
+		{s.locks, bson.D{{Key: "purgeAt", Value: 1}}, "warden_purgeAt_ttl", false, 0},
 		{s.circs, keyNS, "warden_key_namespace", true, -1},
+		{s.circs, key, "key_1", true, -1},
 		{s.cache, keyNS, "warden_key_namespace", true, -1},
-		{s.cache, exp, "warden_expiresAt_ttl", false, 0},
+		{s.cache, key, "key_1", true, -1},
+		{s.cache, exp, "expiresAt_1", false, 0},
 		{s.idem, keyNS, "warden_key_namespace", true, -1},
-		{s.idem, exp, "warden_expiresAt_ttl", false, 0},
+		{s.idem, exp, "expiresAt_1", false, 0},
 		{s.cps, bson.D{{Key: "taskId", Value: 1}, {Key: "sequence", Value: 1}, {Key: "namespace", Value: 1}}, "warden_task_sequence", true, -1},
 		{s.fences, bson.D{{Key: "taskId", Value: 1}, {Key: "namespace", Value: 1}}, "warden_task", true, -1},
+	}
+}
+
+// obsoleteIndexes are indexes earlier versions of warden created that
+// Migrate drops once the ones above exist: TTL indexes on expiresAt under
+// warden's own name. The go-go-scope adapter's connect() creates
+// expiresAt_1 on those collections and fails on MongoDB when the same keys
+// are indexed under another name or with other options; and on locks,
+// expiresAt + 24 h no longer collects released documents (they have no
+// expiresAt).
+func (s *store) obsoleteIndexes() []index {
+	exp := bson.D{{Key: "expiresAt", Value: 1}}
+	return []index{
+		{s.locks, exp, "warden_expiresAt_ttl", false, -1},
+		{s.cache, exp, "warden_expiresAt_ttl", false, -1},
+		{s.idem, exp, "warden_expiresAt_ttl", false, -1},
 	}
 }
 
@@ -127,8 +153,19 @@ func (s *store) Migrate(ctx context.Context) error {
 		case code == codeIndexOptionsConflict || code == codeIndexKeySpecConflict:
 			s.log.Warn("warden: an index on these keys exists already with other options; keeping it",
 				"collection", ix.coll.Name(), "index", ix.name, "error", err.Error())
+		case mongo.IsDuplicateKeyError(err):
+			return ctxErr(ctx, fmt.Errorf("mongo: cannot adopt collection %s: creating the unique index %s on %v found two records with the same value (written by another program); remove one, then migrate again: %w",
+				ix.coll.Name(), ix.name, ix.keys, err))
 		default:
 			return ctxErr(ctx, fmt.Errorf("mongo: creating index %s on %s: %w", ix.name, ix.coll.Name(), err))
+		}
+	}
+	for _, ix := range s.obsoleteIndexes() {
+		if !have[ix.coll.Name()][ix.name] {
+			continue
+		}
+		if err := ix.coll.Indexes().DropOne(ctx, ix.name); err != nil {
+			return ctxErr(ctx, fmt.Errorf("mongo: dropping the obsolete index %s on %s: %w", ix.name, ix.coll.Name(), err))
 		}
 	}
 	return nil
