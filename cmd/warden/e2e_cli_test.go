@@ -435,3 +435,38 @@ func TestE2EWatchReportsKilledHolderExpired(t *testing.T) {
 		t.Fatalf("the killed holding's end reported %d times: %+v", n, lines)
 	}
 }
+
+// TestE2ECacheClearAsksOnTerminal: with stdin a terminal (util-linux's
+// script gives the binary one), cache clear asks, and deletes only on "y".
+func TestE2ECacheClearAsksOnTerminal(t *testing.T) {
+	scriptBin, err := exec.LookPath("script")
+	if err != nil {
+		t.Skip("util-linux script is not installed: no terminal to test with")
+	}
+	_, url := e2eStore(t)
+	want(t, runWarden(t, nil, "--store", url, "cache", "set", "k", "v"), 0)
+	for _, tc := range []struct {
+		answer string
+		code   int
+		left   bool
+	}{{"n\n", exitFailed, true}, {"y\n", 0, false}} {
+		cmd := exec.Command(scriptBin, "-qec", wardenBin+" --store '"+url+"' cache clear", "/dev/null")
+		cmd.Env = append(testEnv(), "GORACE=atexit_sleep_ms=0")
+		cmd.Stdin = strings.NewReader(tc.answer)
+		out, err := cmd.CombinedOutput()
+		code := 0
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if code != tc.code || !strings.Contains(string(out), "Delete every cache entry of "+url+"? [y/N]") {
+			t.Fatalf("answer %q: exit %d, want %d:\n%s", tc.answer, code, tc.code, out)
+		}
+		r := runWarden(t, nil, "--store", url, "cache", "get", "k")
+		if (r.code == 0) != tc.left {
+			t.Fatalf("answer %q: the entry left: %v, want %v", tc.answer, r.code == 0, tc.left)
+		}
+	}
+}
