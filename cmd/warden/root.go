@@ -52,6 +52,7 @@ warden lock ls                                   # who holds what, until when`),
 	pf.StringVarP(&c.g.output, "output", "o", "table", "output `FORMAT`: table or json")
 	pf.DurationVar(&c.g.timeout, "timeout", defaultTimeout, "bound on each command's store work (opening the store and the operation), a `DURATION` such as 10s")
 	c.setStoreUsage(root)
+	_ = root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]cobra.Completion{"table", "json"}, cobra.ShellCompDirectiveNoFileComp))
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
 		return &usageError{path: commandPath(cmd), msg: err.Error()}
 	})
@@ -125,6 +126,20 @@ func (c *cli) leaf(cmd *command, name string) *cobra.Command {
 		// parses the rest with parseArgs, which takes CMD and what follows
 		// as they are.
 		lc.Flags().SetInterspersed(false)
+		// pflag stops at KEY, so cobra would not complete the flags
+		// between KEY and CMD: offer them while CMD has not begun.
+		lc.ValidArgsFunction = func(cc *cobra.Command, args []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
+			if len(args) != 1 || !strings.HasPrefix(toComplete, "-") {
+				return nil, cobra.ShellCompDirectiveDefault
+			}
+			var names []cobra.Completion
+			cc.Flags().VisitAll(func(f *pflag.Flag) {
+				if name := "--" + f.Name; strings.HasPrefix(name, toComplete) {
+					names = append(names, cobra.CompletionWithDesc(name, f.Usage))
+				}
+			})
+			return names, cobra.ShellCompDirectiveNoFileComp
+		}
 	}
 	lc.RunE = c.runE(func(cc *cobra.Command, args []string) error {
 		pos := args
