@@ -357,7 +357,10 @@ func (c circuits) TryProbes(ctx context.Context, name, owner string, openFor, le
 		{
 			filter: set("$or", bson.A{
 				set("state", string(driver.Open), "openedAt", set("$lte", due)),
-				set("state", string(driver.Open), "openedAt", nil),
+				// A circuit the go-go-scope adapter opened has no openedAt: it
+				// opened at its last failure, or, without one, its last update.
+				set("state", string(driver.Open), "openedAt", nil, "lastFailureTime", set("$lte", due)),
+				set("state", string(driver.Open), "openedAt", nil, "lastFailureTime", nil, "updatedAt", set("$lte", due)),
 			}),
 			update: bson.D{{Key: "$set", Value: cat(set("state", string(driver.HalfOpen), "probes", int64(1)), countsReset, grant)},
 				{Key: "$inc", Value: set("version", int64(1))}},

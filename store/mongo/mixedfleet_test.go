@@ -590,3 +590,56 @@ func testMixedCache(t *testing.T, mongoPaths bool) {
 		t.Errorf("Get of a binary record: %q %v %v", e.Value, ok, err)
 	}
 }
+
+// TestMixedFleetCircuits: circuit state written by either side is read by
+// the other. A circuit the adapter opened has no openedAt: warden takes
+// its last failure (else its last update) as the opening, so it grants no
+// probe before the open duration has passed.
+func TestMixedFleetCircuits(t *testing.T) {
+	ctx := context.Background()
+	n, st, _ := mixed(t)
+	cb := st.Driver().Circuits()
+	type nodeState struct {
+		State        string `json:"state"`
+		FailureCount int64  `json:"failureCount"`
+	}
+
+	// warden opens, Node reads.
+	for range 2 {
+		if _, err := cb.RecordFailure(ctx, "w", 2, driver.AnyGeneration); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var ns nodeState
+	n.must("getState", map[string]any{"key": "w"}, &ns)
+	if ns.State != "open" || ns.FailureCount != 2 {
+		t.Errorf("Node reads %+v, want open with 2 failures", ns)
+	}
+
+	// Node opens a circuit warden created, warden reads it and grants no
+	// probe at once.
+	if _, err := cb.RecordSuccess(ctx, "n", driver.AnyGeneration); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		n.must("recordFailure", map[string]any{"key": "n", "max": 2}, nil)
+	}
+	rec, ok, err := cb.Get(ctx, "n")
+	if err != nil || !ok || rec.State != driver.Open || rec.Failures != 2 {
+		t.Fatalf("warden reads %+v %v %v, want open with 2 failures", rec, ok, err)
+	}
+	if rec, granted, err := cb.TryProbe(ctx, "n", "prober", time.Minute, time.Minute); err != nil || granted {
+		t.Fatalf("TryProbe on a circuit Node opened just now: granted=%v err=%v (%+v), want refused", granted, err, rec)
+	}
+	// Opened by Node two minutes ago (by its last failure): due.
+	n.must("setState", map[string]any{"key": "n", "state": map[string]any{"state": "open", "failureCount": 2,
+		"lastFailureTime": time.Now().Add(-2 * time.Minute).UnixMilli()}}, nil)
+	if rec, granted, err := cb.TryProbe(ctx, "n", "prober", time.Minute, time.Minute); err != nil || !granted {
+		t.Fatalf("TryProbe on a circuit Node opened 2 minutes ago: granted=%v err=%v (%+v), want granted", granted, err, rec)
+	}
+	// Node closes it, warden reads closed.
+	n.must("recordSuccess", map[string]any{"key": "n"}, nil)
+	if rec, _, err := cb.Get(ctx, "n"); err != nil || rec.State != driver.Closed || rec.Failures != 0 {
+		t.Errorf("warden reads %+v %v after Node's success, want closed", rec, err)
+	}
+}
