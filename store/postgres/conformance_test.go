@@ -2,11 +2,16 @@ package postgres_test
 
 import (
 	"context"
+	"database/sql"
+	sqldriver "database/sql/driver"
+	"errors"
 	"net"
 	"net/url"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/drivertest"
 	"github.com/warden-go/warden/store/postgres"
@@ -98,6 +103,65 @@ func TestConformanceNew(t *testing.T) {
 			})
 			return st
 		},
-		URL: serverURL,
+		URL:        serverURL,
+		Upstream:   serverAddr,
+		ProxiedURL: proxiedURL,
 	})
 }
+
+// TestConformanceDB runs the suite on stores made by NewDB on the caller's
+// own *sql.DB of the pgx stdlib driver, which must stay open when the
+// store closes.
+func TestConformanceDB(t *testing.T) {
+	serverURL(t, "")
+	drivertest.Run(t, drivertest.Harness{
+		Name: "postgres-db",
+		Open: func(t testing.TB, prefix string) *warden.Store {
+			cfg, err := pgxpool.ParseConfig(drivertest.ServerURL(t, "postgres", "WARDEN_TEST_POSTGRES_URL"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			db := stdlib.OpenDB(*cfg.ConnConfig)
+			st, err := postgres.NewDB(db, &postgres.Options{Prefix: prefix})
+			if err != nil {
+				db.Close()
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				if err := db.Ping(); err != nil {
+					t.Errorf("the *sql.DB given to NewDB was closed with the store: %v", err)
+				}
+				db.Close()
+			})
+			return st
+		},
+		URL:        serverURL,
+		Upstream:   serverAddr,
+		ProxiedURL: proxiedURL,
+	})
+}
+
+// TestNewDBRefusesOtherDrivers: NewDB says what it needs instead of
+// failing later.
+func TestNewDBRefusesOtherDrivers(t *testing.T) {
+	db := sql.OpenDB(fakeConnector{})
+	defer db.Close()
+	if _, err := postgres.NewDB(db, nil); err == nil || !strings.Contains(err.Error(), "pgx stdlib") {
+		t.Fatalf("NewDB on another driver: %v, want an error naming the pgx stdlib driver", err)
+	}
+	if _, err := postgres.NewDB(nil, nil); err == nil {
+		t.Fatal("NewDB(nil) did not fail")
+	}
+	if _, err := postgres.New(nil, nil); err == nil {
+		t.Fatal("New(nil) did not fail")
+	}
+}
+
+type fakeConnector struct{}
+
+func (fakeConnector) Connect(context.Context) (sqldriver.Conn, error) { return nil, errors.New("no") }
+func (fakeConnector) Driver() sqldriver.Driver                        { return fakeDriver{} }
+
+type fakeDriver struct{}
+
+func (fakeDriver) Open(string) (sqldriver.Conn, error) { return nil, errors.New("no") }

@@ -67,6 +67,9 @@ func (h *hub) listen(ctx context.Context) (*pgx.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The settings of a connection that exists carry that connection's
+	// notification handler; this one buffers its own.
+	cfg.OnNotification = nil
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, err
@@ -159,7 +162,7 @@ func (h *hub) wait(ctx context.Context, run *eventhub.Run, conn *pgx.Conn) error
 			}
 			continue
 		}
-		if !h.handle(run, n.Payload) {
+		if n != nil && !h.handle(run, n.Payload) {
 			return errStopped
 		}
 	}

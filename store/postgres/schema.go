@@ -210,14 +210,14 @@ func (s *store) plan(ctx context.Context, q querier, td tableDef) ([]string, err
 		if !ok {
 			if c.notNull && c.def == "" {
 				// A key column the table lacks: nothing to fill it with.
-				return nil, fmt.Errorf("table %s has no column %s, and existing rows cannot be given one", td.name, c.name)
+				return nil, refusal{fmt.Errorf("table %s has no column %s, and existing rows cannot be given one", td.name, c.name)}
 			}
 			alter = append(alter, "ADD COLUMN "+c.decl())
 			continue
 		}
 		conv, err := convert(c, e)
 		if err != nil {
-			return nil, fmt.Errorf("table %s: %w", td.name, err)
+			return nil, refusal{fmt.Errorf("table %s: %w", td.name, err)}
 		}
 		if conv != "" {
 			alter = append(alter, "ALTER COLUMN "+qc+" TYPE "+c.typ()+conv)
@@ -334,7 +334,7 @@ func convert(c column, e existingCol) (string, error) {
 // uniqueIndexes returns a table's primary key and unique indexes.
 func (s *store) uniqueIndexes(ctx context.Context, q querier, table string) ([]existingIndex, error) {
 	rows, err := q.query(ctx, `SELECT ic.relname, COALESCE(con.conname, ''), i.indisprimary,
-		array_agg(a.attname::text ORDER BY k.ord)
+		string_agg(a.attname::text, ',' ORDER BY k.ord)
 		FROM pg_index i
 		JOIN pg_class ic ON ic.oid = i.indexrelid
 		JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY k(attnum, ord) ON true
@@ -349,9 +349,11 @@ func (s *store) uniqueIndexes(ctx context.Context, q querier, table string) ([]e
 	var out []existingIndex
 	for rows.Next() {
 		var ix existingIndex
-		if err := rows.Scan(&ix.name, &ix.constraint, &ix.primary, &ix.cols); err != nil {
+		var cols string
+		if err := rows.Scan(&ix.name, &ix.constraint, &ix.primary, &cols); err != nil {
 			return nil, err
 		}
+		ix.cols = strings.Split(cols, ",")
 		out = append(out, ix)
 	}
 	return out, rows.Err()
@@ -382,9 +384,13 @@ func (s *store) Migrate(ctx context.Context) error {
 		var refused []error
 		for _, td := range s.layout {
 			stmts, err := s.plan(ctx, tx, td)
-			if err != nil {
-				refused = append(refused, err)
+			var r refusal
+			if errors.As(err, &r) {
+				refused = append(refused, r.err)
 				continue
+			}
+			if err != nil {
+				return err
 			}
 			all = append(all, stmts...)
 		}
@@ -399,6 +405,11 @@ func (s *store) Migrate(ctx context.Context) error {
 		return nil
 	}))
 }
+
+// refusal is a reason why a table cannot be adopted.
+type refusal struct{ err error }
+
+func (r refusal) Error() string { return r.err.Error() }
 
 // adoptError says why existing tables cannot be adopted.
 type adoptError struct{ err error }
