@@ -117,11 +117,13 @@ var errInterrupted = errors.New("interrupted")
 //
 // Store unreachable (5) is: a --timeout that expired; a network error
 // (net.Error, connection refused, reset or aborted, host or network
-// unreachable); and, for SQLite, a database file that cannot be opened
+// unreachable); a MySQL login or database the server refuses (1044, 1045,
+// 1049, 1698); and, for SQLite, a database file that cannot be opened
 // (SQLITE_CANTOPEN: a directory that does not exist, a path that is a
-// directory), is not a database (SQLITE_NOTADB) or cannot be read
-// (SQLITE_IOERR). A store that answers with an error, a busy SQLite file
-// included, is an error (1).
+// directory), is not a database (SQLITE_NOTADB), cannot be read
+// (SQLITE_IOERR), is missing (a command that only reads opens it
+// read-only) or may not be written (SQLITE_READONLY). A store that answers
+// with an error, a busy SQLite file included, is an error (1).
 func exitCode(err error) int {
 	var ee *exitError
 	var ue *usageError

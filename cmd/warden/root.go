@@ -48,7 +48,7 @@ warden lock ls                                   # who holds what, until when`),
 	pf := root.PersistentFlags()
 	// --store has no default in pflag's sense, so that help never prints
 	// WARDEN_STORE (which may hold a password); resolveGlobals applies it.
-	pf.StringVar(&c.g.store, "store", "", "") // usage set by storeUsage
+	pf.StringVar(&c.g.store, "store", "", "") // usage: setStoreUsage
 	pf.StringVarP(&c.g.output, "output", "o", "table", "output `FORMAT`: table or json")
 	pf.DurationVar(&c.g.timeout, "timeout", defaultTimeout, "bound on each command's store work (opening the store and the operation), a `DURATION` such as 10s")
 	c.setStoreUsage(root)
