@@ -10,6 +10,7 @@ require (
 	github.com/bsm/redislock v0.9.4
 	github.com/go-redsync/redsync/v4 v4.18.1
 	github.com/go-sql-driver/mysql v1.10.1
+	github.com/jackc/pgx/v5 v5.12.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/redis/rueidis v1.0.79
 	github.com/warden-go/warden v0.0.0
@@ -33,6 +34,9 @@ require (
 	github.com/aws/aws-sdk-go-v2/service/sts v1.51.8 // indirect
 	github.com/aws/smithy-go v1.28.8 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
 	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/xdg-go/scram v1.4.0 // indirect
 	github.com/xdg-go/stringprep v1.0.4 // indirect
@@ -52,6 +56,7 @@ require (
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
 	github.com/warden-go/warden/store/dynamo v0.0.0
 	github.com/warden-go/warden/store/mongo v0.0.0
+	github.com/warden-go/warden/store/postgres v0.0.0
 	github.com/warden-go/warden/store/redis v0.0.0
 	golang.org/x/sys v0.49.0 // indirect
 	modernc.org/libc v1.79.0 // indirect
@@ -70,3 +75,5 @@ replace github.com/warden-go/warden/store/dynamo => ../store/dynamo
 replace github.com/warden-go/warden/store/mongo => ../store/mongo
 
 replace github.com/warden-go/warden/store/redis => ../store/redis
+
+replace github.com/warden-go/warden/store/postgres => ../store/postgres

@@ -55,6 +55,9 @@ func Cases() []Case {
 	if u := os.Getenv(redisEnv); u != "" {
 		cases = append(cases, redisCases(u)...)
 	}
+	if u := os.Getenv(postgresEnv); u != "" {
+		cases = append(cases, postgresCases(u)...)
+	}
 	return cases
 }
 
