@@ -184,7 +184,7 @@ func (l *Locker) Watch(ctx context.Context, pattern string) (<-chan Event, error
 	l.mu.Unlock()
 	out := make(chan Event)
 	if src != nil {
-		go l.forward(wctx, cancel, src, p, snap, out)
+		go l.forward(wctx, cancel, src, pattern, p, snap, out)
 	} else {
 		go l.pollLoop(wctx, cancel, pattern, snap, out)
 	}
@@ -194,7 +194,7 @@ func (l *Locker) Watch(ctx context.Context, pattern string) (<-chan Event, error
 // forward passes the store's events for matching keys to out, and reports
 // the lapse of a tracked holding the stream did not report (see Watch).
 // live holds the matching holdings known to be current.
-func (l *Locker) forward(ctx context.Context, cancel context.CancelFunc, src <-chan driver.LockEvent, p driver.Pattern, live map[string]driver.LockRecord, out chan<- Event) {
+func (l *Locker) forward(ctx context.Context, cancel context.CancelFunc, src <-chan driver.LockEvent, pattern string, p driver.Pattern, live map[string]driver.LockRecord, out chan<- Event) {
 	defer l.wg.Done()
 	defer close(out)
 	defer cancel()
@@ -265,10 +265,25 @@ func (l *Locker) forward(ctx context.Context, cancel context.CancelFunc, src <-c
 			if !send(ev) {
 				return
 			}
-			if ev.Kind == driver.LockAcquired {
+			switch ev.Kind {
+			case driver.LockAcquired:
 				live[ev.Key] = driver.LockRecord{Key: ev.Key, Owner: ev.Owner, Token: ev.Token}
 				if !check(ev.Key, time.Now()) {
 					return
+				}
+			case driver.EventsLost:
+				// Acquisitions may be among the lost events: track the
+				// holdings listed now too.
+				if cur, err := l.snapshot(ctx, pattern); err == nil {
+					for key, rec := range cur {
+						old, ok := live[key]
+						switch {
+						case !ok:
+							track(rec)
+						case old.Token != rec.Token && !check(key, time.Now()):
+							return // (check reports old's lapse, tracks rec)
+						}
+					}
 				}
 			}
 		case <-tick:
