@@ -126,10 +126,11 @@ func (l *Locker) wakeAll() {
 // receiver that falls behind gets an EventsLost event in place of the
 // events it missed. A store's stream reports a holding that lapses (its
 // holder died) only when the next holder takes the key, if at all, so
-// Watch also tracks the matching holdings (listed when it starts, then
-// from Acquired events) and reads each again PollInterval after its
-// expiry: one that is gone or replaced by then is reported Expired, At its
-// expiry, and the store's own later event for it is dropped.
+// Watch also tracks the matching holdings (listed when it starts and after
+// an EventsLost, and from Acquired events) and reads each again
+// PollInterval after its expiry: one that is gone or replaced by then is
+// reported Expired, At its expiry, and the store's own later event for it
+// is dropped.
 //
 // On stores without notifications Watch polls: it lists the matching
 // locks every PollInterval (default one second) and reports the
