@@ -17,7 +17,8 @@
 // and sqlite://file.db name a path relative to the working directory
 // (host and path are joined). Percent-escapes are decoded. Query
 // parameters: prefix (the namespace), busy_timeout (a Go duration such as
-// 5s), max_value_bytes (an integer) and poll_interval (a Go duration).
+// 5s), max_value_bytes (an integer), poll_interval (a Go duration) and
+// mode=ro (Options.ReadOnly: an existing file, read only, nothing created).
 // Any other parameter is an error.
 //
 // # Several processes
