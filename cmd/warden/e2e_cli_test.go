@@ -470,3 +470,27 @@ func TestE2ECacheClearAsksOnTerminal(t *testing.T) {
 		}
 	}
 }
+
+// TestE2ECobraHelpAndCompletion: the built binary prints cobra's help
+// layout, completion scripts for the four shells, and completes commands
+// and flags through its hidden __complete command.
+func TestE2ECobraHelpAndCompletion(t *testing.T) {
+	r := runWarden(t, nil, "lock", "run", "--help")
+	want(t, r, 0)
+	for _, s := range []string{"Usage:\n  warden lock run KEY", "Examples:\n", "Flags:\n", "--no-wait", "Global Flags:\n", "--store URL"} {
+		if !strings.Contains(r.stdout, s) {
+			t.Fatalf("lock run --help lacks %q:\n%s", s, r.stdout)
+		}
+	}
+	for _, shell := range []string{"bash", "zsh", "fish", "powershell"} {
+		r := runWarden(t, nil, "completion", shell)
+		want(t, r, 0)
+		if !strings.Contains(r.stdout, "__complete") {
+			t.Fatalf("completion %s: %s", shell, r.stdout)
+		}
+	}
+	r = runWarden(t, nil, "__completeNoDesc", "lock", "run", "k", "--gr")
+	if r.code != 0 || !strings.Contains(r.stdout, "--grace\n") {
+		t.Fatalf("completing lock run k --gr: %s", r)
+	}
+}
