@@ -2,6 +2,7 @@ package dynamo
 
 import (
 	"context"
+	"fmt"
 	"sort"
 	"time"
 
@@ -10,17 +11,37 @@ import (
 
 // cache is the cache driver. An entry is one item (pk
 // CACHE#<prefix>cache:<key>, sk METADATA) with data (absent for an empty
-// value) and, for entries with a TTL, expiresAtMs and expiresAt.
+// value; native for JSON, see values.go) and, for entries with a TTL,
+// expiresAtMs and expiresAt. An entry of the go-go-scope layout has no
+// expiresAtMs: its expiresAt (epoch seconds) is its expiry.
 type cache struct{ s *store }
 
 func cacheLive(it item, now int64) bool {
-	return it != nil && (!has(it, aExp) || gN(it, aExp) > now)
+	if it == nil {
+		return false
+	}
+	exp, ok := expiryMs(it)
+	return !ok || exp > now
+}
+
+// expiryMs returns the expiry of an item in milliseconds: expiresAtMs, or
+// for an item of the go-go-scope layout, which has only the epoch seconds
+// of expiresAt, the start of that second. ok is false when the item has
+// neither (no expiry).
+func expiryMs(it item) (ms int64, ok bool) {
+	switch {
+	case has(it, aExp):
+		return gN(it, aExp), true
+	case has(it, aTTL):
+		return gN(it, aTTL) * 1000, true
+	}
+	return 0, false
 }
 
 func (c cache) item(key string, value []byte, ttl time.Duration, now int64, req string) item {
 	it := itemKey(c.s.cachePfx+key, metaSK)
 	if len(value) > 0 {
-		it[aData] = vB(value)
+		it[aData] = dataValue(value)
 	}
 	if ttl > 0 {
 		exp := now + driver.Millis(ttl)
@@ -39,7 +60,14 @@ func (c cache) Get(ctx context.Context, key string) (driver.CacheEntry, bool, er
 	if err != nil || !cacheLive(it, nowMs()) {
 		return driver.CacheEntry{}, false, err
 	}
-	return driver.CacheEntry{Key: key, Value: gB(it, aData), ExpiresAt: msTime(gN(it, aExp))}, true, nil
+	v := []byte{}
+	if d, ok := it[aData]; ok {
+		if v, err = dataJSON(d); err != nil {
+			return driver.CacheEntry{}, false, fmt.Errorf("%w (key %q)", err, key)
+		}
+	}
+	exp, _ := expiryMs(it)
+	return driver.CacheEntry{Key: key, Value: v, ExpiresAt: msTime(exp)}, true, nil
 }
 
 // Set implements driver.Cache: one PutItem.
@@ -55,7 +83,8 @@ func (c cache) SetIfAbsent(ctx context.Context, key string, value []byte, ttl ti
 	now := nowMs()
 	req := reqID()
 	failed, err := c.s.put(ctx, "writing cache entry", c.item(key, value, ttl, now, req),
-		"attribute_not_exists(#pk) OR #expiresAtMs <= :now", item{":now": vN(now)})
+		"attribute_not_exists(#pk) OR #expiresAtMs <= :now OR (attribute_not_exists(#expiresAtMs) AND #expiresAt <= :nowSec)",
+		item{":now": vN(now), ":nowSec": vN(now / 1000)})
 	if err != nil || !failed {
 		return err == nil, err
 	}

@@ -42,8 +42,10 @@ const (
 	// reads.
 	DefaultEventLookback = 2 * time.Second
 	// DefaultLockRetention is how long idle lock records are kept before
-	// DynamoDB's TTL may delete them.
-	DefaultLockRetention = 24 * time.Hour
+	// DynamoDB's TTL may delete them: none. A lock item's TTL attribute
+	// expiresAt is the end of its holding, as in the go-go-scope layout,
+	// whose services read it as the lock's expiry.
+	DefaultLockRetention time.Duration = 0
 )
 
 // Options configure a DynamoDB store. The zero value (or nil) is ready to
@@ -76,9 +78,13 @@ type Options struct {
 	// not reported as lost). 0: DefaultEventLookback (2 s).
 	EventLookback time.Duration
 	// LockRetention is how long released or expired lock records are kept
-	// before DynamoDB's TTL may delete them (their expiresAt). 0:
-	// DefaultLockRetention (24 h). See docs/backends.md for why the
-	// fencing tokens stay monotonic when TTL deletes a record.
+	// before DynamoDB's TTL may delete them: it is added to their
+	// expiresAt. 0 (DefaultLockRetention): nothing is added, and expiresAt
+	// is the end of the holding in epoch seconds, which is what services
+	// using the go-go-scope DynamoDB layout read as the lock's expiry. Set
+	// it only when no such service shares the table: they would see a
+	// released lock as held for the retention. See docs/backends.md for
+	// why the fencing tokens stay monotonic when TTL deletes a record.
 	LockRetention time.Duration
 }
 
@@ -311,7 +317,7 @@ func newStore(ctx context.Context, client *dynamodb.Client, table string, opts *
 		maxValue:  or(opts.MaxValueBytes, DefaultMaxValueBytes),
 		poll:      or(opts.EventPoll, DefaultEventPoll),
 		lookback:  or(opts.EventLookback, DefaultEventLookback),
-		retention: or(opts.LockRetention, DefaultLockRetention),
+		retention: opts.LockRetention,
 		lockPfx:   "LOCK#" + p + driver.TagLock,
 		circPfx:   "CB#" + p + driver.TagCircuit,
 		cachePfx:  "CACHE#" + p + driver.TagCache,

@@ -11,26 +11,68 @@ import (
 
 // locks is the lock driver. A lock is one item (pk LOCK#<prefix>lock:<key>,
 // sk METADATA) with owner, version (the fencing token), acquiredAt,
-// expiresAtMs, releasedAt (present once released) and expiresAt (TTL:
-// the expiry plus the lock retention). Released and expired items are
-// kept, so the next holder's token continues from them.
+// expiresAtMs, releasedAt (present once released) and expiresAt (TTL and
+// the go-go-scope layout's expiry: the second after the holding ends, or
+// the second of the release, plus Options.LockRetention). Released and
+// expired items are kept until TTL deletes them, so the next holder's
+// token continues from them.
+//
+// Items of the go-go-scope layout have owner, version and expiresAt but
+// no expiresAtMs: their expiry is expiresAt (epoch seconds). warden
+// reports such a live lock as held by its owner with that expiry, and
+// takes it over once expired, with a token of at least TokenBase(now)
+// whatever version the item carried.
 type locks struct{ s *store }
 
+// lockExp is the expiry of a lock item in milliseconds (0: none).
+func lockExp(it item) int64 {
+	ms, _ := expiryMs(it)
+	return ms
+}
+
+// nodeLock reports an item of the go-go-scope layout: no expiresAtMs.
+func nodeLock(it item) bool { return it != nil && !has(it, aExp) && !has(it, aRel) }
+
 func lockLive(it item, now int64) bool {
-	return it != nil && !has(it, aRel) && gN(it, aExp) > now
+	return it != nil && !has(it, aRel) && lockExp(it) > now
 }
 
 func lockRec(key string, it item) driver.LockRecord {
 	return driver.LockRecord{
 		Key: key, Owner: gS(it, aOwner), Token: gN(it, aVersion),
-		AcquiredAt: msTime(gN(it, aAcq)), ExpiresAt: msTime(gN(it, aExp)),
+		AcquiredAt: msTime(gN(it, aAcq)), ExpiresAt: msTime(lockExp(it)),
 	}
 }
 
 // retentionTTL is the TTL attribute of a lock item whose holding ends at
-// ms: DynamoDB may delete it a lock retention later.
+// ms: the second after it, plus the lock retention.
 func (s *store) retentionTTL(ms int64) int64 {
 	return ttlSeconds(ms) + int64(s.retention/time.Second)
+}
+
+// Acquire forms: the condition and version update of a takeover, by what
+// the item is.
+const (
+	// formWarden: absent, or warden's item released or expired.
+	formWarden = iota
+	// formNode: a go-go-scope item, expired by its seconds, whose version
+	// is below TokenBase(now) (or absent).
+	formNode
+	// formNodeHigh: the same with a version at or above TokenBase(now).
+	formNodeHigh
+)
+
+// acquireForm returns the condition and the version assignment of form f.
+func acquireForm(f int) (cond, version string) {
+	const nodeExpired = "attribute_exists(#pk) AND attribute_not_exists(#expiresAtMs) AND attribute_not_exists(#releasedAt) AND " +
+		"(attribute_not_exists(#expiresAt) OR #expiresAt <= :nowSec)"
+	switch f {
+	case formNode:
+		return nodeExpired + " AND (attribute_not_exists(#version) OR #version < :base1)", ":base1"
+	case formNodeHigh:
+		return nodeExpired + " AND #version >= :base1", "#version + :one"
+	}
+	return "attribute_not_exists(#pk) OR attribute_exists(#releasedAt) OR #expiresAtMs <= :now", "if_not_exists(#version, :base) + :one"
 }
 
 // Acquire implements driver.Locks with one conditional UpdateItem: it
@@ -61,7 +103,7 @@ func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 			if lockLive(it, nowMs()) {
 				rec := lockRec(key, it)
 				if rec.Owner != owner {
-					s.heldHint.Store(pk, gN(it, aExp))
+					s.heldHint.Store(pk, lockExp(it))
 					return rec, false, nil
 				}
 				if r, ok, err := l.Refresh(ctx, key, owner, rec.Token, ttl); err != nil || ok {
@@ -72,16 +114,18 @@ func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 		s.heldHint.Delete(pk)
 	}
 	tries := s.attempts(retryLimit)
+	form := formWarden
 	for range tries {
 		s.raced("write")
 		now := nowMs()
 		exp := now + driver.Millis(ttl)
 		req := reqID()
-		vals := item{":o": vS(owner), ":now": vN(now), ":exp": vN(exp), ":ttl": vN(s.retentionTTL(exp)),
-			":base": vN(driver.TokenBase(msTime(now)) - 1), ":one": vN(1), ":req": vS(req)}
-		upd := "SET #owner = :o, #version = if_not_exists(#version, :base) + :one, #acquiredAt = :now, #expiresAtMs = :exp, " +
+		base := driver.TokenBase(msTime(now))
+		vals := item{":o": vS(owner), ":now": vN(now), ":nowSec": vN(now / 1000), ":exp": vN(exp), ":ttl": vN(s.retentionTTL(exp)),
+			":base": vN(base - 1), ":base1": vN(base), ":one": vN(1), ":req": vS(req)}
+		cond, version := acquireForm(form)
+		upd := "SET #owner = :o, #version = " + version + ", #acquiredAt = :now, #expiresAtMs = :exp, " +
 			"#expiresAt = :ttl, #updatedAt = :now, #req = :req" + s.evSet(s.lockEvt, now, req, vals) + " REMOVE #releasedAt"
-		cond := "attribute_not_exists(#pk) OR attribute_exists(#releasedAt) OR #expiresAtMs <= :now"
 		attrs, failed, old, err := s.update(ctx, "acquiring lock", pk, metaSK, upd, cond, vals, types.ReturnValueAllNew)
 		if err != nil {
 			return driver.LockRecord{}, false, err
@@ -100,11 +144,19 @@ func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 			return lockRec(key, old), true, nil
 		}
 		now = nowMs()
+		form = formWarden
+		if nodeLock(old) && !lockLive(old, now) {
+			// An expired go-go-scope lock: take it over in its own form.
+			form = formNode
+			if has(old, aVersion) && gN(old, aVersion) >= driver.TokenBase(msTime(now)) {
+				form = formNodeHigh
+			}
+		}
 		if lockLive(old, now) {
 			rec := lockRec(key, old)
 			if rec.Owner != owner {
 				if s.noAllOld.Load() {
-					s.hintHeld(pk, gN(old, aExp))
+					s.hintHeld(pk, lockExp(old))
 				}
 				return rec, false, nil
 			}
@@ -159,7 +211,7 @@ func (s *store) endLock(ctx context.Context, op, key, cond string, vals item) (b
 	now := nowMs()
 	req := reqID()
 	vals[":now"] = vN(now)
-	vals[":ttl"] = vN(s.retentionTTL(now))
+	vals[":ttl"] = vN(now/1000 + int64(s.retention/time.Second)) // the go-go-scope layout's expiry: the lock is free from this second
 	vals[":req"] = vS(req)
 	upd := "SET #releasedAt = :now, #updatedAt = :now, #expiresAt = :ttl, #req = :req" + s.evSet(s.lockEvt, now, req, vals)
 	_, failed, old, err := s.update(ctx, op, pk, metaSK, upd, cond, vals, types.ReturnValueNone)
@@ -185,7 +237,9 @@ func (l locks) Release(ctx context.Context, key, owner string, token int64) (boo
 // ForceRelease implements driver.Locks: one conditional UpdateItem.
 func (l locks) ForceRelease(ctx context.Context, key string) (bool, error) {
 	return l.s.endLock(ctx, "force-releasing lock", key,
-		"attribute_exists(#pk) AND attribute_not_exists(#releasedAt) AND #expiresAtMs > :now", item{})
+		"attribute_exists(#pk) AND attribute_not_exists(#releasedAt) AND "+
+			"(#expiresAtMs > :now OR (attribute_not_exists(#expiresAtMs) AND #expiresAt > :nowSec))",
+		item{":nowSec": vN(nowMs() / 1000)})
 }
 
 // Get implements driver.Locks: one consistent GetItem.
