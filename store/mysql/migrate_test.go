@@ -11,18 +11,28 @@ import (
 	"time"
 
 	mysqldrv "github.com/go-sql-driver/mysql"
+	"github.com/warden-go/warden/driver"
 	"github.com/warden-go/warden/store/mysql"
 )
 
 // rawDB opens the test server with plain go-sql-driver settings.
 func rawDB(t *testing.T) *sql.DB {
 	t.Helper()
+	return rawDBOn(t, "")
+}
+
+// rawDBOn is rawDB on database name ("": the test server's).
+func rawDBOn(t *testing.T, name string) *sql.DB {
+	t.Helper()
 	u, err := url.Parse(serverURL(t, ""))
 	if err != nil {
 		t.Fatal(err)
 	}
+	if name == "" {
+		name = u.Path[1:]
+	}
 	cfg := mysqldrv.NewConfig()
-	cfg.Net, cfg.Addr, cfg.DBName = "tcp", u.Host, u.Path[1:]
+	cfg.Net, cfg.Addr, cfg.DBName = "tcp", u.Host, name
 	if u.User != nil {
 		cfg.User = u.User.Username()
 		cfg.Passwd, _ = u.User.Password()
@@ -187,5 +197,64 @@ func TestMigrateRefusesNumericTimes(t *testing.T) {
 	_, err := mysql.New(db, &mysql.Options{Tables: mysql.Tables{Locks: name}})
 	if err == nil || !strings.Contains(err.Error(), "expires_at") {
 		t.Fatalf("want an error naming expires_at, got %v", err)
+	}
+}
+
+// TestAutoIncrementOutcomes: tables with an AUTO_INCREMENT column (which
+// Migrate keeps) do not corrupt outcomes: every insert sets LAST_INSERT_ID
+// to the column's next value, so outcomes are not read from it.
+func TestAutoIncrementOutcomes(t *testing.T) {
+	ctx := context.Background()
+	db := rawDB(t)
+	sfx := fmt.Sprintf("_%d_%d", os.Getpid(), time.Now().UnixNano())
+	tb := mysql.Tables{
+		Locks: "ai_locks" + sfx, Circuits: "ai_circuit" + sfx, Cache: "ai_cache" + sfx,
+		Idempotency: "ai_idem" + sfx, Checkpoints: "ai_cp" + sfx, CheckpointTasks: "ai_cpt" + sfx,
+	}
+	for _, n := range []string{tb.Locks, tb.Cache, tb.Idempotency, tb.CheckpointTasks} {
+		t.Cleanup(func() { db.Exec("DROP TABLE IF EXISTS " + n) })
+		if _, err := db.Exec("CREATE TABLE " + n + " (id BIGINT AUTO_INCREMENT PRIMARY KEY, `key` VARCHAR(255) NOT NULL UNIQUE)"); err != nil {
+			t.Fatal(err)
+		}
+		// Later ids are large, so that they cannot pass for an outcome.
+		if _, err := db.Exec("ALTER TABLE " + n + " AUTO_INCREMENT = 1000"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		db.Exec("DROP TABLE IF EXISTS " + tb.Circuits)
+		db.Exec("DROP TABLE IF EXISTS " + tb.Checkpoints)
+	})
+	st, err := mysql.New(db, &mysql.Options{Tables: tb, Prefix: "ai:"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if rec, ok, err := st.Locks().Acquire(ctx, "new", "o", time.Minute); err != nil || !ok || rec.Owner != "o" {
+		t.Fatalf("Acquire of a new key: %+v ok=%v err=%v", rec, ok, err)
+	}
+	if _, ok, err := st.Locks().Acquire(ctx, "new", "p", time.Minute); err != nil || ok {
+		t.Fatalf("Acquire of a held key: ok=%v err=%v", ok, err)
+	}
+	if ok, err := st.Cache().SetIfAbsent(ctx, "k", []byte("v"), time.Minute); err != nil || !ok {
+		t.Fatalf("SetIfAbsent of a new key: ok=%v err=%v", ok, err)
+	}
+	if ok, err := st.Cache().SetIfAbsent(ctx, "k", []byte("w"), time.Minute); err != nil || ok {
+		t.Fatalf("SetIfAbsent of a present key: ok=%v err=%v", ok, err)
+	}
+	if _, o, err := st.Idempotency().Claim(ctx, "c", "o", time.Minute, "fp"); err != nil || o != driver.Claimed {
+		t.Fatalf("Claim of a fresh key: %v %v", o, err)
+	}
+	if _, o, err := st.Idempotency().Claim(ctx, "c", "p", time.Minute, "fp"); err != nil || o != driver.InProgress {
+		t.Fatalf("Claim of a claimed key: %v %v", o, err)
+	}
+	if ok, err := st.Checkpoints().Fence(ctx, "task", 7); err != nil || !ok {
+		t.Fatalf("Fence of a new task: %v %v", ok, err)
+	}
+	if cp, ok, err := st.Checkpoints().Save(ctx, driver.CheckpointInput{TaskID: "task", Data: []byte("d"), Token: 7}); err != nil || !ok || cp.Sequence != 1 {
+		t.Fatalf("Save: %+v %v %v", cp, ok, err)
+	}
+	if _, ok, err := st.Checkpoints().Save(ctx, driver.CheckpointInput{TaskID: "task", Data: []byte("d"), Token: 6}); err != nil || ok {
+		t.Fatalf("Save below the fence: %v %v", ok, err)
 	}
 }
