@@ -10,6 +10,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
+	"github.com/warden-go/warden/drivertest"
 	"github.com/warden-go/warden/store/redis"
 )
 
@@ -164,5 +165,56 @@ func TestCloseLeavesClient(t *testing.T) {
 	}
 	if _, _, err := st.Locks().Acquire(t.Context(), "k", "o", time.Minute); !errors.Is(err, warden.ErrClosed) {
 		t.Errorf("Acquire after Close: %v, want ErrClosed", err)
+	}
+}
+
+// TestSentinel opens the store through a Sentinel (URL master_name=) and
+// checks that locks, events and the cache work through the failover
+// client it makes.
+func TestSentinel(t *testing.T) {
+	addrs := strings.Split(drivertest.ServerURL(t, "redis-sentinel", "WARDEN_TEST_REDIS_SENTINEL_ADDRS"), ",")
+	prefix := "sentinel-" + time.Now().Format("150405000000") + ":"
+	u := "redis://" + addrs[0] + "?master_name=warden&prefix=" + prefix
+	for _, a := range addrs[1:] {
+		u += "&addr=" + a
+	}
+	ctx := t.Context()
+	st, err := warden.Open(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	cleanNamespace(t, serverURL(t, ""), prefix)
+	ch, err := st.Locks().Watch(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, ok, err := st.Locks().Acquire(ctx, "k", "alice", time.Minute)
+	if err != nil || !ok {
+		t.Fatalf("Acquire: ok=%v err=%v", ok, err)
+	}
+	select {
+	case ev := <-ch:
+		if ev.Kind != driver.LockAcquired || ev.Key != "k" || ev.Token != rec.Token {
+			t.Errorf("event %+v, want acquired k token %d", ev, rec.Token)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no event")
+	}
+	if ok, err := st.Locks().Release(ctx, "k", "alice", rec.Token); err != nil || !ok {
+		t.Fatalf("Release: ok=%v err=%v", ok, err)
+	}
+	if err := st.Cache().Set(ctx, "c", []byte("v"), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	// The Sentinel's master is the single test server: a store opened
+	// there sees the value.
+	direct, err := redis.Open(ctx, serverURL(t, prefix), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer direct.Close()
+	if e, found, err := direct.Cache().Get(ctx, "c"); err != nil || !found || string(e.Value) != "v" {
+		t.Errorf("the value set through the Sentinel: %q found=%v err=%v", e.Value, found, err)
 	}
 }
