@@ -1,14 +1,18 @@
 package drivertest
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"sort"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/warden-go/warden"
+	"github.com/warden-go/warden/breaker"
 	"github.com/warden-go/warden/driver"
 )
 
@@ -478,3 +482,271 @@ func (s *suite) circuitProbesConcurrent(t *testing.T) {
 
 // isInvalid reports whether err matches warden.ErrInvalidArgument.
 func isInvalid(err error) bool { return errors.Is(err, warden.ErrInvalidArgument) }
+
+// ---------------------------------------------------------------------------
+// several processes share one circuit
+
+func init() {
+	portableRoles["circuit-trips"] = childCircuitTrips
+	portableRoles["circuit-probes"] = childCircuitProbes
+	portableRoles["breaker-gobreaker"] = childBreakerGobreaker
+}
+
+// mpMaxProbes is the concurrent probes of the multi-process checks.
+const mpMaxProbes = 3
+
+// childCircuitTrips records Rounds failures from each of Goroutines
+// goroutines with threshold 0 and trips the circuit as a Breaker with
+// ReadyToTrip "total failures ≥ Threshold" does. It reports the total
+// failures of every failure counted (Counts) and "tripped" (Values) for
+// each Trip that opened the circuit.
+func childCircuitTrips(ctx context.Context, st *warden.Store, cfg childConfig, res *childResult, mu *sync.Mutex, fail func(string, ...any)) {
+	c := st.Circuits()
+	startTogether(ctx, cfg, func() error { _, _, err := c.Get(ctx, cfg.Key); return err }, fail, func(int) {
+		for range cfg.Rounds {
+			rec, err := c.RecordOutcome(ctx, cfg.Key, driver.Outcome{Kind: driver.OutcomeFailure})
+			if err != nil {
+				fail("RecordOutcome: %v", err)
+				return
+			}
+			counted, n := rec.Generation() == 0, rec.TotalFailures
+			tripped := false
+			for counted && rec.State == driver.Closed && rec.TotalFailures >= int64(cfg.Threshold) {
+				if rec, tripped, err = c.Trip(ctx, cfg.Key, rec.Version); err != nil {
+					fail("Trip: %v", err)
+					return
+				}
+				if tripped {
+					break
+				}
+			}
+			mu.Lock()
+			if counted {
+				res.Counts = append(res.Counts, n)
+			}
+			if tripped {
+				res.Values = append(res.Values, "tripped")
+			}
+			mu.Unlock()
+		}
+	})
+}
+
+// childCircuitProbes asks for a probe slot (of mpMaxProbes) from each of
+// Goroutines goroutines at once, and reports "granted" (Values) for each
+// slot granted.
+func childCircuitProbes(ctx context.Context, st *warden.Store, cfg childConfig, res *childResult, mu *sync.Mutex, fail func(string, ...any)) {
+	c := st.Circuits()
+	startTogether(ctx, cfg, func() error { _, _, err := c.Get(ctx, cfg.Key); return err }, fail, func(g int) {
+		_, ok, err := c.TryProbes(ctx, cfg.Key, fmt.Sprintf("child-%d-g%d", cfg.ID, g), 0, time.Minute, mpMaxProbes)
+		if err != nil {
+			fail("TryProbes: %v", err)
+			return
+		}
+		if ok {
+			mu.Lock()
+			res.Values = append(res.Values, "granted")
+			mu.Unlock()
+		}
+	})
+}
+
+// mpCircuitTrips: failures recorded from several processes with a trip
+// decided by the callers lose no increment and trip the circuit once; of
+// concurrent probe requests from several processes exactly mpMaxProbes
+// are granted.
+func (s *suite) mpCircuitTrips(t *testing.T) {
+	const procs, goroutines, rounds, trip = 3, 4, 6, 40
+	cfgs, st := s.fleetConfigs(t, "circuit-trips", procs)
+	for i := range cfgs {
+		cfgs[i].Goroutines, cfgs[i].Rounds, cfgs[i].Threshold = goroutines, rounds, trip
+	}
+	f := startFleet(t, cfgs)
+	f.release(t)
+	f.step(t, "start", func() {})
+	results := f.wait(t)
+	var counts []int64
+	trips := 0
+	for _, r := range results {
+		counts = append(counts, r.Counts...)
+		trips += len(r.Values)
+	}
+	sort.Slice(counts, func(i, j int) bool { return counts[i] < counts[j] })
+	if trips != 1 {
+		t.Errorf("%d Trips opened the circuit across %d processes, want exactly 1", trips, procs)
+	}
+	for i, n := range counts {
+		if n != int64(i+1) {
+			t.Fatalf("failures counted before the trip returned total failures %v, want 1..%d each once (increments lost)", counts, len(counts))
+		}
+	}
+	m := int64(len(counts))
+	rec, _, err := st.Circuits().Get(testCtx(t), cfgs[0].Key)
+	fatalIf(t, "Get", err)
+	wantCircuit(t, "after the fleet's failures", rec, cfgs[0].Key, driver.Open, m)
+	if m < trip {
+		t.Errorf("the circuit tripped after %d failures, want at least %d", m, trip)
+	}
+
+	// Concurrent probes from several processes.
+	cfgs, st = s.fleetConfigs(t, "circuit-probes", procs)
+	for i := range cfgs {
+		cfgs[i].Goroutines = goroutines
+	}
+	openCircuit(t, st.Circuits(), cfgs[0].Key)
+	f = startFleet(t, cfgs)
+	f.release(t)
+	f.step(t, "start", func() {})
+	n, _ := tallyValues(f.wait(t), "granted")
+	if n != mpMaxProbes {
+		t.Errorf("%d of %d concurrent TryProbes in %d processes were granted, want exactly %d", n, procs*goroutines, procs, mpMaxProbes)
+	}
+	rec, _, err = st.Circuits().Get(testCtx(t), cfgs[0].Key)
+	fatalIf(t, "Get", err)
+	if rec.State != driver.HalfOpen || rec.Probes != mpMaxProbes {
+		t.Errorf("after the probes: %s with %d probe slots, want half-open with %d", rec.State, rec.Probes, mpMaxProbes)
+	}
+}
+
+// childBreakerGobreaker plays its part of BreakerGobreaker: Rounds
+// successful then Rounds failing calls through a Breaker whose ReadyToTrip
+// wants the whole fleet's calls (Threshold failures and as many
+// successes), which only exact fleet-wide counts satisfy, and only at the
+// fleet's last failure. Then, once the parent has checked, it reads the
+// circuit (open), and when the parent says the open period has passed,
+// Goroutines calls of which HalfOpenProbes (mpMaxProbes) run as probes,
+// each holding on until every other call of the fleet has been rejected.
+func childBreakerGobreaker(ctx context.Context, st *warden.Store, cfg childConfig, res *childResult, mu *sync.Mutex, fail func(string, ...any)) {
+	total := int64(cfg.Threshold)
+	b, err := breaker.New(st, cfg.Key, &breaker.Options{
+		ReadyToTrip: func(c breaker.Counts) bool {
+			return int64(c.TotalFailures) >= total && int64(c.TotalSuccesses) >= total
+		},
+		OpenFor:        cfg.OpenFor,
+		HalfOpenProbes: mpMaxProbes,
+		ProbeLease:     time.Minute,
+		SyncInterval:   time.Hour, // the flush happens with the failures
+		StoreTimeout:   10 * time.Second,
+	})
+	if err != nil {
+		fail("breaker.New: %v", err)
+		return
+	}
+	defer b.Close()
+	for i := range cfg.Rounds {
+		if err := b.Do(ctx, func(context.Context) error { return nil }); err != nil {
+			fail("successful call %d: %v", i+1, err)
+		}
+	}
+	for i := range cfg.Rounds {
+		if err := b.Do(ctx, func(context.Context) error { return errInjected }); !errors.Is(err, errInjected) {
+			fail("failing call %d: got %v, want the injected failure (the fleet's counts are not complete before the last failure)", i+1, err)
+		}
+	}
+	if err := b.Flush(ctx); err != nil {
+		fail("Flush: %v", err)
+	}
+	if st := b.Stats(); st.StoreErrors > 0 {
+		fail("%d store errors (last %v)", st.StoreErrors, st.LastStoreError)
+	}
+	if err := childStep(ctx, cfg, "counted"); err != nil {
+		fail("%v", err)
+		return
+	}
+	if state, err := b.State(ctx); err != nil || state != breaker.Open {
+		fail("State after the fleet's calls: %s, %v; want open", state, err)
+	}
+	if err := childStep(ctx, cfg, "probe"); err != nil {
+		fail("%v", err)
+		return
+	}
+	runs := filepath.Join(cfg.Dir, runsFile)
+	var wg sync.WaitGroup
+	for g := range cfg.Goroutines {
+		wg.Go(func() {
+			who := fmt.Sprintf("child-%d-g%d", cfg.ID, g)
+			err := b.Do(ctx, func(ctx context.Context) error {
+				if err := appendLine(runs, who); err != nil {
+					return err
+				}
+				deadline := time.Now().Add(10 * time.Second)
+				for {
+					n, err := countFiles(cfg.Dir, "rejected-*")
+					if err != nil {
+						return err
+					}
+					if n >= cfg.Total-mpMaxProbes {
+						return nil
+					}
+					if time.Now().After(deadline) {
+						fail("%s probes, but only %d of the fleet's other calls were rejected", who, n)
+						return nil
+					}
+					if !sleepCtx(ctx, 2*time.Millisecond) {
+						return ctx.Err()
+					}
+				}
+			})
+			switch {
+			case err == nil:
+			case errors.Is(err, breaker.ErrOpen):
+				mu.Lock()
+				res.Rejected++
+				mu.Unlock()
+				if err := writeAtomic(filepath.Join(cfg.Dir, fmt.Sprintf(rejectedFile, cfg.ID, g)), nil); err != nil {
+					fail("%v", err)
+				}
+			default:
+				fail("%s: a call after the open period: %v", who, err)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// breakerGobreaker: Breakers in several processes with a gobreaker-style
+// ReadyToTrip over fleet-wide counts trip at exactly the fleet's last
+// failure (the successes of every process, written with its failures,
+// are counted), and after the open period exactly HalfOpenProbes calls of
+// the fleet run at once, as probes whose successes close the circuit.
+func (s *suite) breakerGobreaker(t *testing.T) {
+	const procs, rounds, callers = 3, 4, 3
+	const openFor = 300 * time.Millisecond
+	cfgs, st := s.fleetConfigs(t, "breaker-gobreaker", procs)
+	for i := range cfgs {
+		cfgs[i].Rounds, cfgs[i].Threshold, cfgs[i].OpenFor = rounds, procs*rounds, openFor
+		cfgs[i].Goroutines, cfgs[i].Total = callers, procs*callers
+	}
+	name := cfgs[0].Key
+	ctx := testCtx(t)
+	f := startFleet(t, cfgs)
+	f.release(t)
+	f.step(t, "counted", func() {
+		rec, _, err := st.Circuits().Get(ctx, name)
+		fatalIf(t, "Get", err)
+		// (Every child's failing calls ran: it opened at the last one.
+		// Failures is the consecutive count, which a success written
+		// between other processes' failures resets.)
+		if rec.State != driver.Open || rec.Failures < 1 || rec.Failures > procs*rounds {
+			t.Errorf("after %d successes then %d failures in each of %d processes: %s with %d consecutive failures, want open",
+				rounds, rounds, procs, rec.State, rec.Failures)
+		}
+	})
+	f.step(t, "probe", func() { sleepCtx(ctx, openFor+100*time.Millisecond) })
+	results := f.wait(t)
+	runs, err := readLines(f.path(runsFile))
+	fatalIf(t, "runs", err)
+	if len(runs) != mpMaxProbes {
+		t.Errorf("after the open period %d of the %d concurrent calls in %d processes ran fn (%s), want exactly %d probes", len(runs), procs*callers, procs, quoteSome(runs), mpMaxProbes)
+	}
+	rejected := 0
+	for _, r := range results {
+		rejected += r.Rejected
+	}
+	if rejected != procs*callers-len(runs) {
+		t.Errorf("%d calls were rejected with breaker.ErrOpen and %d ran, of %d", rejected, len(runs), procs*callers)
+	}
+	rec, _, err := st.Circuits().Get(ctx, name)
+	fatalIf(t, "Get", err)
+	wantCircuit(t, "after the successful probes", rec, name, driver.Closed, 0)
+}

@@ -35,6 +35,8 @@ func (s *suite) circuits(t *testing.T) {
 		{"Trip", s.circuitTrip},
 		{"TripConcurrent", s.circuitTripConcurrent},
 		{"ProbesConcurrent", s.circuitProbesConcurrent},
+		{"FleetTrips", s.mpCircuitTrips},
+		{"BreakerGobreaker", s.breakerGobreaker},
 		{"BreakerHungStore", s.breakerHungStore},
 		{"BreakerHungWrite", s.breakerHungWrite},
 		{"BreakerOldOpenCircuit", s.breakerOldOpenCircuit},
