@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -482,24 +483,12 @@ func TestMixedFleetCache(t *testing.T) {
 		json.Unmarshal(k.Value, &s)
 		ks = append(ks, s)
 	}
-	if want := []string{"bin", "n", "w"}; !reflect.DeepEqual(sortStrings(ks), want) {
+	if want := []string{"bin", "n", "w"}; !reflect.DeepEqual(slices.Sorted(slices.Values(ks)), want) {
 		t.Fatalf("the adapter's keys() = %v, want %v", ks, want)
 	}
 	if got, err := c.Keys(ctx, ""); err != nil || !reflect.DeepEqual(got, []string{"bin", "n", "w"}) {
 		t.Fatalf("warden Keys = %v (%v)", got, err)
 	}
-}
-
-func sortStrings(s []string) []string {
-	out := append([]string(nil), s...)
-	for i := range out {
-		for j := i + 1; j < len(out); j++ {
-			if out[j] < out[i] {
-				out[i], out[j] = out[j], out[i]
-			}
-		}
-	}
-	return out
 }
 
 // TestMixedFleetCircuits: circuit state written by either side is
