@@ -1,8 +1,9 @@
 // Package breaker is a circuit breaker whose state is shared by every
 // process that uses the same warden store: when a dependency fails
-// Threshold times in a row anywhere in the fleet, every process stops
-// calling it for OpenFor, then exactly one caller in the whole fleet probes
-// it, and its outcome closes or re-opens the circuit for everybody.
+// Threshold times in a row anywhere in the fleet (or when ReadyToTrip says
+// so on the fleet's counts), every process stops calling it for OpenFor,
+// then HalfOpenProbes callers in the whole fleet (one by default) probe
+// it, and their outcomes close or re-open the circuit for everybody.
 //
 //	b, err := breaker.New(st, "payments-api", &breaker.Options{Threshold: 5, OpenFor: 30 * time.Second})
 //	if err != nil { … }
@@ -28,12 +29,26 @@
 // Closed: calls run; each failure is recorded in the store, and the
 // Threshold-th consecutive failure (counted across the fleet) opens the
 // circuit. Open: calls fail fast with an error matching ErrOpen, without
-// running fn. Once OpenFor has passed, the next call asks the store for the
-// probe slot (the circuit turns half-open); exactly one caller in the fleet
-// gets it and runs fn as a probe while everybody else still gets ErrOpen.
-// HalfOpenProbes successful probes in a row close the circuit; a failed
-// probe re-opens it for another OpenFor. The probe slot is a lease of
-// ProbeLease: if the prober dies, another caller may probe once it lapses.
+// running fn. Once OpenFor has passed, the next call asks the store for a
+// probe slot (the circuit turns half-open); HalfOpenProbes callers in the
+// fleet (one by default) get one and run fn as probes, at the same time,
+// while everybody else still gets ErrOpen. HalfOpenProbes successful
+// probes in a row close the circuit; a failed probe re-opens it for
+// another OpenFor. Probe slots are leases of ProbeLease: if a prober dies,
+// its slot is free again once ProbeLease has passed since the newest slot
+// was granted.
+//
+// # Coming from sony/gobreaker
+//
+// gobreaker's Settings map onto Options: MaxRequests is HalfOpenProbes,
+// Interval is Interval, Timeout is OpenFor, ReadyToTrip is ReadyToTrip
+// (over Counts, which have gobreaker's shape but count the whole fleet),
+// OnStateChange is OnStateChange, and IsSuccessful is IsFailure inverted.
+// Without ReadyToTrip, Threshold decides inside the store, in the same
+// atomic step that counts the failure; with it, the Breaker decides on
+// the counts that step returned and opens the circuit with a second,
+// conditional write (see Options.ReadyToTrip). The steady closed success
+// path stays write-free either way.
 //
 // The open period runs on the local clock only from an opening this
 // Breaker saw happen (its own failure, or a notification of it). A circuit

@@ -58,3 +58,46 @@ func ExampleCall() {
 	// Output:
 	// 9.99 <nil>
 }
+
+// A gobreaker-style ReadyToTrip over the fleet's counts: open once at
+// least 3 calls were counted and 60% of them failed, counting per minute
+// (Interval), with 2 probes at once when half-open (HalfOpenProbes, which
+// is gobreaker's MaxRequests).
+func ExampleOptions_readyToTrip() {
+	ctx := context.Background()
+	st := memory.New(&memory.Options{Prefix: "shop:"})
+	defer st.Close()
+
+	b, err := breaker.New(st, "inventory", &breaker.Options{
+		ReadyToTrip: func(c breaker.Counts) bool {
+			failureRatio := float64(c.TotalFailures) / float64(c.Requests)
+			return c.Requests >= 3 && failureRatio >= 0.6
+		},
+		Interval:       time.Minute,
+		HalfOpenProbes: 2,
+		OpenFor:        30 * time.Second,
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer b.Close()
+
+	errTimeout := errors.New("inventory: timeout")
+	for _, fails := range []bool{false, true, false, true, true} {
+		err := b.Do(ctx, func(ctx context.Context) error {
+			if fails {
+				return errTimeout
+			}
+			return nil
+		})
+		state, _ := b.State(ctx)
+		fmt.Printf("call err=%v, state %s\n", err, state)
+	}
+	// Output:
+	// call err=<nil>, state closed
+	// call err=inventory: timeout, state closed
+	// call err=<nil>, state closed
+	// call err=inventory: timeout, state closed
+	// call err=inventory: timeout, state open
+}
