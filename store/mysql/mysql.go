@@ -1,8 +1,11 @@
 // Package mysql is warden's MySQL and MariaDB store.
 //
 // It keeps warden's records in InnoDB tables (by default those of the
-// go-go-scope adapters, plus a table of checkpoint fences). Keys are
-// VARBINARY, so they are compared and ordered byte for byte; times are
+// go-go-scope adapters, plus a table of checkpoint fences), which a Node
+// service using go-go-scope's MySQL adapter can share (docs/backends.md
+// says what such a fleet must configure). Keys are utf8mb4 text under a
+// binary NO PAD collation, so they are compared and ordered by code point
+// (UTF-8 byte order), case and trailing spaces included; times are
 // DATETIME(3) in UTC. The database clock (UTC_TIMESTAMP(3)) decides expiry
 // inside every statement, so the clocks of the client machines do not
 // matter. MySQL has no notifications: the portable packages poll.
