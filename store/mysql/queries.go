@@ -23,8 +23,7 @@ import "strings"
 // adapters, whose namespace column is empty.
 type queries struct {
 	lockAcquire, lockRow, lockRowLive, lockRefresh, lockRelease, lockForce, lockGet, lockList string
-	circFailure, circSuccess, circProbe, circGet, circSet, circDelete, circList               string
-	circFailureGen, circSuccessGen                                                            string
+	circDelete                                                                                string
 	cacheGet, cacheSet, cacheSetIfAbsent, cacheDelete, cacheHas, cacheClear, cacheKeys        string
 	cacheClearDead                                                                            string
 	idemClaim, idemClaimRow, idemRow, idemExtend, idemComplete, idemAbandon, idemGet, idemSet string
@@ -45,7 +44,6 @@ const (
 	// row the go-go-scope adapter took over since (it sets owner and
 	// expires_at only) is live again.
 	releasedSQL = "(released_at IS NOT NULL AND expires_at <= released_at)"
-	circCols    = "`key`, state, failure_count, last_failure_time, last_success_time, opened_at, probe_owner, probe_until, version, updated_at"
 	idemCols    = "`key`, status, owner, fingerprint, result, created_at, expires_at"
 	cpCols      = "task_id, sequence, TSREAD, progress, data, data_bin, estimated_time_remaining, token"
 	// jsonVal stores a value in the JSON column when the value argument
@@ -109,81 +107,8 @@ WHERE ` + kkey + ` AND NOT RELEASED AND expires_at > NOW`)
 	q.lockList = sub("SELECT `key`, " + lockCols + ` FROM {L} WHERE ` + kns + ` AND %s AND ` + likeCond("`key`") +
 		" AND NOT RELEASED AND expires_at > NOW ORDER BY `key`")
 
-	// ----- circuits
-	circIns := `INSERT INTO {C} (namespace, ` + "`key`" + `, state, failure_count, last_failure_time, last_success_time, opened_at, probe_owner, probe_until, version, updated_at)`
-	opens := "(state IN ('open', 'half-open') OR failure_count + 1 >= ?)"
-	// Outcomes carry a generation (-1 for any): a present circuit's is
-	// opened_at in Unix milliseconds (0 if NULL), an absent one's 0. For
-	// generations -1 and 0 the outcome is an upsert whose first assignment
-	// compares the generation (? twice), before any column changes, into a
-	// session variable; every later assignment keeps the old value unless
-	// it matched. For a generation above 0 the circuit must exist: a plain
-	// UPDATE of that generation. Either way an outcome of another
-	// generation changes nothing. Assignments run left to right, each
-	// seeing the columns assigned before it.
-	genOK := "(? < 0 OR COALESCE(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', opened_at) DIV 1000, 0) = ?)"
-	type assign struct{ col, expr string }
-	failSet := []assign{
-		{"opened_at", "IF(state = 'open', opened_at, IF(state = 'half-open' OR failure_count + 1 >= ?, NOW, opened_at))"},
-		{"probe_owner", "IF(" + opens + ", NULL, probe_owner)"},
-		{"probe_until", "IF(" + opens + ", NULL, probe_until)"},
-		{"state", "IF(" + opens + ", 'open', 'closed')"},
-		{"failure_count", "failure_count + 1"},
-		{"last_failure_time", "NOW"},
-		{"updated_at", "NOW"},
-	}
-	successSet := []assign{
-		{"failure_count", "IF(state = 'open', failure_count, 0)"},
-		{"probe_owner", "IF(state = 'open', probe_owner, NULL)"},
-		{"probe_until", "IF(state = 'open', probe_until, NULL)"},
-		{"state", "IF(state = 'open', 'open', 'closed')"},
-		{"last_success_time", "NOW"},
-		{"updated_at", "NOW"},
-	}
-	guarded := func(set []assign) string {
-		out := "version = IF(@warden_gen_ok := " + genOK + ", version + 1, version)"
-		for _, a := range set {
-			out += ",\n\t" + a.col + " = IF(@warden_gen_ok, " + a.expr + ", " + a.col + ")"
-		}
-		return out
-	}
-	plain := func(set []assign) string {
-		out := "version = version + 1"
-		for _, a := range set {
-			out += ",\n\t" + a.col + " = " + a.expr
-		}
-		return out
-	}
-	genWhere := " AND TIMESTAMPDIFF(MICROSECOND, '1970-01-01', opened_at) DIV 1000 = ?"
-	q.circFailure = sub(circIns + `
-VALUES (?, ?, IF(? <= 1, 'open', 'closed'), 1, NOW, NULL, IF(? <= 1, NOW, NULL), NULL, NULL, 1, NOW)
-ON DUPLICATE KEY UPDATE
-	` + guarded(failSet))
-	q.circFailureGen = sub(`UPDATE {C} SET ` + plain(failSet) + ` WHERE ` + kkey + genWhere)
-	q.circSuccess = sub(circIns + `
-VALUES (?, ?, 'closed', 0, NULL, NOW, NULL, NULL, NULL, 1, NOW)
-ON DUPLICATE KEY UPDATE
-	` + guarded(successSet))
-	q.circSuccessGen = sub(`UPDATE {C} SET ` + plain(successSet) + ` WHERE ` + kkey + genWhere)
-	// A circuit the go-go-scope adapter opened has no opened_at: it opened
-	// when it was last written (updated_at).
-	q.circProbe = sub(`UPDATE {C} SET state = 'half-open', probe_owner = ?, probe_until = EXP(?), version = version + 1, updated_at = NOW
-WHERE ` + kkey + ` AND (
-	(state = 'open' AND TIMESTAMPADD(MICROSECOND, ?, COALESCE(opened_at, updated_at, '1970-01-01')) <= NOW)
-	OR (state = 'half-open' AND (probe_owner IS NULL OR probe_owner = ? OR COALESCE(probe_until, '1970-01-01') <= NOW)))`)
-	q.circGet = sub(`SELECT ` + circCols + ` FROM {C} WHERE ` + kkey)
-	q.circSet = sub(circIns + `
-VALUES (?, ?, ?, 0, NULL, NULL, IF(? = 'open', NOW, NULL), NULL, NULL, 1, NOW)
-ON DUPLICATE KEY UPDATE
-	failure_count = IF(VALUES(state) = 'closed', 0, failure_count),
-	opened_at = IF(VALUES(state) = 'open', NOW, opened_at),
-	state = VALUES(state),
-	probe_owner = NULL,
-	probe_until = NULL,
-	version = version + 1,
-	updated_at = NOW`)
+	// ----- circuits (the other statements are built in circuits.go)
 	q.circDelete = sub(`DELETE FROM {C} WHERE ` + kkey)
-	q.circList = sub(`SELECT ` + circCols + ` FROM {C} WHERE ` + kns + ` AND %s AND ` + likeCond("`key`") + " ORDER BY `key`")
 
 	// ----- cache
 	// A value is in value (JSON, which go-go-scope reads and writes) or
