@@ -52,9 +52,9 @@ func (c cache) Has(ctx context.Context, key string) (bool, error) {
 // Clear implements driver.Cache in one DELETE of the namespace's cache
 // key range, counting the live entries among the deleted rows.
 func (c cache) Clear(ctx context.Context) (int64, error) {
-	_, rng := keyRange("k", c.s.cachePfx, 2)
+	lo, hi := keyRange(c.s.cachePfx)
 	var n int64
-	_, err := c.s.row(ctx, c.s.q.cacheClear, []any{c.s.prefix, rng[0], rng[1]}, &n)
+	_, err := c.s.row(ctx, c.s.q.cacheClear, []any{c.s.prefix, lo, hi}, &n)
 	return n, err
 }
 

@@ -119,14 +119,14 @@ func (l locks) List(ctx context.Context, pattern driver.Pattern) ([]driver.LockR
 // under pfx, and the last key of the previous page. each scans one row
 // and returns its stored key.
 func (s *store) list(ctx context.Context, query, pfx string, pattern driver.Pattern, each func(rowsIter) (string, error)) error {
-	_, rng := keyRange("k", pfx+pattern.Prefix(), 2)
+	lo, hi := keyRange(pfx + pattern.Prefix())
 	like := pattern.Like(pfx, '!')
 	after := ""
 	for {
 		var n int
 		err := retry(ctx, func() error {
 			n = 0
-			rows, err := s.db.query(ctx, query, s.prefix, rng[0], rng[1], like, after)
+			rows, err := s.db.query(ctx, query, s.prefix, lo, hi, like, after)
 			if err != nil {
 				return err
 			}
@@ -155,5 +155,5 @@ func (s *store) list(ctx context.Context, query, pfx string, pattern driver.Patt
 	}
 }
 
-// listPage is the page size of listings (listLimit as a number).
+// listPage is the page size of listings.
 const listPage = 500

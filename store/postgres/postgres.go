@@ -231,19 +231,13 @@ func parseURL(u *url.URL, base *Options) (*pgxpool.Config, *Options, error) {
 	o.Schema = q.String("schema", o.Schema)
 	o.MaxValueBytes = q.Int("max_value_bytes", o.MaxValueBytes)
 	o.DisableAutoMigrate = !q.Bool("auto_migrate", !o.DisableAutoMigrate)
-	rest := q.Rest()
-	pass := url.Values{}
-	for name, vals := range rest {
+	pass := q.Rest()
+	for name := range pass {
 		if !pgxParams[name] {
 			return nil, nil, fmt.Errorf("%w: unknown parameter %q", driver.ErrBadURL, name)
 		}
-		pass[name] = vals
 	}
-	if err := q.Err(); err != nil && len(pass) == 0 {
-		return nil, nil, err
-	} else if err != nil {
-		// Rest marked the pgx parameters read; anything Err still reports
-		// is a malformed value of the store's own parameters.
+	if err := q.Err(); err != nil {
 		return nil, nil, err
 	}
 	cu := *u
@@ -253,14 +247,18 @@ func parseURL(u *url.URL, base *Options) (*pgxpool.Config, *Options, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: postgres: the connection parameters do not parse", driver.ErrBadURL)
 	}
+	if !pass.Has("pool_max_conns") && cfg.MaxConns < defaultMaxConns {
+		cfg.MaxConns = defaultMaxConns
+	}
 	return cfg, &o, nil
 }
 
+// defaultMaxConns is the least pool size of a store opened by URL without
+// pool_max_conns (pgx's default is the number of CPUs, at least 4).
+const defaultMaxConns = 8
+
 // openConfig opens a pool with cfg and a store on it.
 func openConfig(ctx context.Context, cfg *pgxpool.Config, opts *Options) (driver.Store, error) {
-	if cfg.MaxConns < 8 {
-		cfg.MaxConns = 8
-	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, ctxErr(ctx, fmt.Errorf("postgres: %v", err))
@@ -467,17 +465,19 @@ func (s *store) inTx(ctx context.Context, f func(tx txn) error) error {
 	return s.wrap(ctx, s.inTxRaw(ctx, f))
 }
 
-// keyRange restricts col to strings starting with prefix (index-usable on
-// a "C" collation column); the conditions use the parameters $n and $n+1.
-func keyRange(col, prefix string, n int) (string, []any) {
+// keyRange returns the bounds of the stored keys that start with prefix,
+// in the "C" collation's byte order: lo ≤ key < hi, or lo ≤ key when hi is
+// "" (no upper bound). Incrementing the last ASCII byte (and cutting what
+// follows) keeps hi valid UTF-8.
+func keyRange(prefix string) (lo, hi string) {
 	b := []byte(prefix)
 	for i := len(b) - 1; i >= 0; i-- {
 		if b[i] < 0x7F {
 			b[i]++
-			return fmt.Sprintf("(%s >= $%d AND %s < $%d)", col, n, col, n+1), []any{prefix, string(b[:i+1])}
+			return prefix, string(b[:i+1])
 		}
 	}
-	return fmt.Sprintf("(%s >= $%d AND %s <> $%d)", col, n, col, n+1), []any{prefix, ""}
+	return prefix, ""
 }
 
 // millis converts a duration to whole milliseconds; nil for zero (no

@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"strconv"
 	"time"
 
 	"github.com/warden-go/warden/driver"
@@ -19,18 +18,17 @@ func (s *store) Purge(ctx context.Context, lockRetention time.Duration) (int64, 
 	if lockRetention > 0 {
 		ret = driver.Millis(lockRetention)
 	}
-	_, cacheRng := keyRange("k", s.cachePfx, 2)
-	_, lockRng := keyRange("k", s.lockPfx, 2)
+	cacheLo, cacheHi := keyRange(s.cachePfx)
+	lockLo, lockHi := keyRange(s.lockPfx)
 	batches := []struct {
 		q    string
 		args []any
 	}{
-		{s.q.purgeCache, []any{s.prefix, cacheRng[0], cacheRng[1]}},
+		{s.q.purgeCache, []any{s.prefix, cacheLo, cacheHi}},
 		{s.q.purgeIdem, []any{s.prefix}},
-		{s.q.purgeLocks, []any{s.prefix, lockRng[0], lockRng[1], ret}},
+		{s.q.purgeLocks, []any{s.prefix, lockLo, lockHi, ret}},
 		{s.q.purgeFences, []any{s.prefix, ret}},
 	}
-	limit, _ := strconv.ParseInt(purgeBatch, 10, 64)
 	var total int64
 	for _, b := range batches {
 		for {
@@ -39,7 +37,7 @@ func (s *store) Purge(ctx context.Context, lockRetention time.Duration) (int64, 
 				return total, err
 			}
 			total += n
-			if n < limit {
+			if n < purgeBatch {
 				break
 			}
 		}

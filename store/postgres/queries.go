@@ -1,6 +1,9 @@
 package postgres
 
-import "strings"
+import (
+	"strconv"
+	"strings"
+)
 
 // The SQL of the store. Every statement that decides on expiry reads the
 // database clock once, in the CTE n (t: clock_timestamp() truncated to
@@ -46,10 +49,9 @@ const (
 	lockCols = "owner, token, acquired_at, expires_at"
 	circCols = "key, state, failure_count, last_failure_time, last_success_time, opened_at, probe_owner, probe_until, version, updated_at, " +
 		"successes, total_failures, consecutive_successes, interval_start, probes"
-	idemCols  = "key, status, owner, fingerprint, result, created_at, expires_at"
-	cpCols    = "task_id, sequence, \"timestamp\", progress, data, estimated_time_remaining, token"
-	keyEq     = "namespace = $1::text AND key = $2::text"
-	listLimit = "500"
+	idemCols = "key, status, owner, fingerprint, result, created_at, expires_at"
+	cpCols   = "task_id, sequence, \"timestamp\", progress, data, estimated_time_remaining, token"
+	keyEq    = "namespace = $1::text AND key = $2::text"
 )
 
 // listQuery is a page of a listing: after the key range ($2, $3), the
@@ -57,7 +59,7 @@ const (
 func listQuery(cols, table, col, extra string) string {
 	return "SELECT " + cols + " FROM " + table + " WHERE namespace = $1::text AND " + col + " >= $2::text AND (" + col +
 		" < $3::text OR $3::text = '') AND " + col + " LIKE $4::text ESCAPE '!' AND " + col + " > $5::text" + extra +
-		" ORDER BY " + col + " LIMIT " + listLimit
+		" ORDER BY " + col + " LIMIT " + strconv.Itoa(listPage)
 }
 
 // buildQueries renders the statements for the tables t (ident quotes and
@@ -372,11 +374,11 @@ RETURNING 1`
 		` ORDER BY sequence DESC OFFSET $3::bigint LIMIT 1)`
 	q.cpDelete = `DELETE FROM ` + P + ` WHERE ` + task
 	q.cpTasks = "SELECT DISTINCT task_id FROM " + P + " WHERE namespace = $1::text AND task_id >= $2::text AND (task_id < $3::text OR $3::text = '')" +
-		" AND task_id LIKE $4::text ESCAPE '!' AND task_id > $5::text ORDER BY task_id LIMIT " + listLimit
+		" AND task_id LIKE $4::text ESCAPE '!' AND task_id > $5::text ORDER BY task_id LIMIT " + strconv.Itoa(listPage)
 
 	// ----- purge: batches of at most purgeBatch rows, by ctid.
 	batch := func(table, cond string) string {
-		return `DELETE FROM ` + table + ` WHERE ctid = ANY(ARRAY(SELECT ctid FROM ` + table + ` WHERE ` + cond + ` LIMIT ` + purgeBatch + `))`
+		return `DELETE FROM ` + table + ` WHERE ctid = ANY(ARRAY(SELECT ctid FROM ` + table + ` WHERE ` + cond + ` LIMIT ` + strconv.Itoa(purgeBatch) + `))`
 	}
 	q.purgeCache = batch(K, "namespace = $1::text AND key >= $2::text AND (key < $3::text OR $3::text = '') AND expires_at <= "+nowSQL)
 	q.purgeIdem = batch(I, "namespace = $1::text AND expires_at <= "+nowSQL)
@@ -388,4 +390,4 @@ RETURNING 1`
 }
 
 // purgeBatch is the most rows one purge statement deletes.
-const purgeBatch = "1000"
+const purgeBatch = 1000
