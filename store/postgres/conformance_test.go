@@ -58,16 +58,17 @@ func proxiedURL(t testing.TB, prefix, proxyAddr string) string {
 	return p.String()
 }
 
-// TestConformance runs the whole conformance suite — driver checks and the
+// runSuite runs the whole conformance suite — driver checks and the
 // portable packages, in goroutines and in separate OS processes, and the
 // fault checks through proxies — against the test server, each check in
-// its own namespace, on stores opened by URL.
-func TestConformance(t *testing.T) {
+// its own namespace, on stores open makes. Child processes open stores by
+// URL.
+func runSuite(t *testing.T, name string, open func(t testing.TB, prefix string) (*warden.Store, error)) {
 	serverURL(t, "")
 	drivertest.Run(t, drivertest.Harness{
-		Name: "postgres",
+		Name: name,
 		Open: func(t testing.TB, prefix string) *warden.Store {
-			st, err := postgres.Open(context.Background(), serverURL(t, prefix), nil)
+			st, err := open(t, prefix)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -76,68 +77,51 @@ func TestConformance(t *testing.T) {
 		URL:        serverURL,
 		Upstream:   serverAddr,
 		ProxiedURL: proxiedURL,
+	})
+}
+
+// TestConformance runs the suite on stores opened by URL.
+func TestConformance(t *testing.T) {
+	runSuite(t, "postgres", func(t testing.TB, prefix string) (*warden.Store, error) {
+		return postgres.Open(context.Background(), serverURL(t, prefix), nil)
+	})
+}
+
+// stillOpen fails t at its end if ping fails: a handle given to New or
+// NewDB must stay open when the store closes.
+func stillOpen(t testing.TB, what string, ping func() error, close func()) {
+	t.Cleanup(func() {
+		if err := ping(); err != nil {
+			t.Errorf("the %s given to the store was closed with it: %v", what, err)
+		}
+		close()
 	})
 }
 
 // TestConformanceNew runs the suite on stores made by New on the caller's
-// own pgxpool.Pool, which must stay open when the store closes.
+// own pgxpool.Pool.
 func TestConformanceNew(t *testing.T) {
-	serverURL(t, "")
-	drivertest.Run(t, drivertest.Harness{
-		Name: "postgres-new",
-		Open: func(t testing.TB, prefix string) *warden.Store {
-			pool, err := pgxpool.New(context.Background(), drivertest.ServerURL(t, "postgres", "WARDEN_TEST_POSTGRES_URL"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			st, err := postgres.New(pool, &postgres.Options{Prefix: prefix})
-			if err != nil {
-				pool.Close()
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				if err := pool.Ping(context.Background()); err != nil {
-					t.Errorf("the pool given to New was closed with the store: %v", err)
-				}
-				pool.Close()
-			})
-			return st
-		},
-		URL:        serverURL,
-		Upstream:   serverAddr,
-		ProxiedURL: proxiedURL,
+	runSuite(t, "postgres-new", func(t testing.TB, prefix string) (*warden.Store, error) {
+		pool, err := pgxpool.New(context.Background(), drivertest.ServerURL(t, "postgres", "WARDEN_TEST_POSTGRES_URL"))
+		if err != nil {
+			return nil, err
+		}
+		stillOpen(t, "pool", func() error { return pool.Ping(context.Background()) }, pool.Close)
+		return postgres.New(pool, &postgres.Options{Prefix: prefix})
 	})
 }
 
 // TestConformanceDB runs the suite on stores made by NewDB on the caller's
-// own *sql.DB of the pgx stdlib driver, which must stay open when the
-// store closes.
+// own *sql.DB of the pgx stdlib driver.
 func TestConformanceDB(t *testing.T) {
-	serverURL(t, "")
-	drivertest.Run(t, drivertest.Harness{
-		Name: "postgres-db",
-		Open: func(t testing.TB, prefix string) *warden.Store {
-			cfg, err := pgxpool.ParseConfig(drivertest.ServerURL(t, "postgres", "WARDEN_TEST_POSTGRES_URL"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			db := stdlib.OpenDB(*cfg.ConnConfig)
-			st, err := postgres.NewDB(db, &postgres.Options{Prefix: prefix})
-			if err != nil {
-				db.Close()
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				if err := db.Ping(); err != nil {
-					t.Errorf("the *sql.DB given to NewDB was closed with the store: %v", err)
-				}
-				db.Close()
-			})
-			return st
-		},
-		URL:        serverURL,
-		Upstream:   serverAddr,
-		ProxiedURL: proxiedURL,
+	runSuite(t, "postgres-db", func(t testing.TB, prefix string) (*warden.Store, error) {
+		cfg, err := pgxpool.ParseConfig(drivertest.ServerURL(t, "postgres", "WARDEN_TEST_POSTGRES_URL"))
+		if err != nil {
+			return nil, err
+		}
+		db := stdlib.OpenDB(*cfg.ConnConfig)
+		stillOpen(t, "*sql.DB", db.Ping, func() { db.Close() })
+		return postgres.NewDB(db, &postgres.Options{Prefix: prefix})
 	})
 }
 

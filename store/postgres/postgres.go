@@ -242,7 +242,9 @@ func parseURL(u *url.URL, base *Options) (*pgxpool.Config, *Options, error) {
 	}
 	cu := *u
 	cu.Scheme = "postgres"
-	cu.RawQuery = pass.Encode()
+	// Spaces as %20: pgx reads a '+' in the query literally (a literal '+'
+	// is %2B after Encode).
+	cu.RawQuery = strings.ReplaceAll(pass.Encode(), "+", "%20")
 	cfg, err := pgxpool.ParseConfig(cu.String())
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: postgres: the connection parameters do not parse", driver.ErrBadURL)

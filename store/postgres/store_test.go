@@ -329,3 +329,81 @@ func TestNotifyOnlyOnCommit(t *testing.T) {
 		t.Fatal("no event")
 	}
 }
+
+// TestStrictIsolationSessions: on sessions whose default isolation is
+// REPEATABLE READ or SERIALIZABLE, concurrent first acquires, claims and
+// failures still give one winner and lose no increment: serialization
+// failures are retried inside the store, never returned.
+func TestStrictIsolationSessions(t *testing.T) {
+	for _, level := range []string{"repeatable read", "serializable"} {
+		t.Run(strings.ReplaceAll(level, " ", "-"), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			u, err := url.Parse(serverURL(t, fmt.Sprintf("iso%d:", time.Now().UnixNano())))
+			if err != nil {
+				t.Fatal(err)
+			}
+			q := u.Query()
+			q.Set("options", "-c default_transaction_isolation="+strings.ReplaceAll(level, " ", "\\ "))
+			u.RawQuery = q.Encode()
+			st, err := postgres.Open(ctx, u.String(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			const n = 16
+			type result struct {
+				ok  bool
+				err error
+			}
+			race := func(f func(i int) (bool, error)) []result {
+				out := make([]result, n)
+				start := make(chan struct{})
+				done := make(chan int)
+				for i := range n {
+					go func() {
+						<-start
+						out[i].ok, out[i].err = f(i)
+						done <- i
+					}()
+				}
+				close(start)
+				for range n {
+					<-done
+				}
+				return out
+			}
+			count := func(what string, rs []result) {
+				t.Helper()
+				wins := 0
+				for _, r := range rs {
+					if r.err != nil {
+						t.Fatalf("%s: %v", what, r.err)
+					}
+					if r.ok {
+						wins++
+					}
+				}
+				if wins != 1 {
+					t.Errorf("%s: %d winners, want 1", what, wins)
+				}
+			}
+			count("Acquire", race(func(i int) (bool, error) {
+				_, ok, err := st.Locks().Acquire(ctx, "first", fmt.Sprint("o", i), time.Minute)
+				return ok, err
+			}))
+			count("Claim", race(func(i int) (bool, error) {
+				_, o, err := st.Idempotency().Claim(ctx, "first", fmt.Sprint("o", i), time.Minute, "")
+				return o == driver.Claimed || o == driver.TakenOver, err
+			}))
+			rs := race(func(i int) (bool, error) {
+				_, err := st.Circuits().RecordFailure(ctx, "c", 1000)
+				return i == 0, err
+			})
+			count("RecordFailure", rs)
+			if rec, _, err := st.Circuits().Get(ctx, "c"); err != nil || rec.Failures != n {
+				t.Errorf("after %d concurrent failures: %d failures recorded (%v)", n, rec.Failures, err)
+			}
+		})
+	}
+}
