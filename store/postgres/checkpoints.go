@@ -84,21 +84,13 @@ func (c checkpoints) one(ctx context.Context, query string, args ...any) (driver
 // List implements driver.Checkpoints.
 func (c checkpoints) List(ctx context.Context, taskID string) ([]driver.Checkpoint, error) {
 	var out []driver.Checkpoint
-	err := retry(ctx, func() error {
-		out = nil
-		rows, err := c.s.db.query(ctx, c.s.q.cpList, c.s.prefix, c.s.prefix+taskID)
-		if err != nil {
+	_, err := c.s.page(ctx, c.s.q.cpList, []any{c.s.prefix, c.s.prefix + taskID}, func(rows rowsIter) error {
+		var r cpRow
+		if err := rows.Scan(r.dest()...); err != nil {
 			return err
 		}
-		defer rows.Close()
-		for rows.Next() {
-			var r cpRow
-			if err := rows.Scan(r.dest()...); err != nil {
-				return err
-			}
-			out = append(out, c.checkpoint(&r))
-		}
-		return rows.Err()
+		out = append(out, c.checkpoint(&r))
+		return nil
 	})
 	return out, c.s.wrap(ctx, err)
 }

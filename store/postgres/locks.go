@@ -117,34 +117,17 @@ func (l locks) List(ctx context.Context, pattern driver.Pattern) ([]driver.LockR
 // list runs a listing query page by page (keyset pagination on the
 // stored key): the namespace, the key range and LIKE pattern for pattern
 // under pfx, and the last key of the previous page. each scans one row
-// and returns its stored key.
+// and returns its stored key. Pages are not retried (a read does not fail
+// with a serialization error, and each has already seen the rows).
 func (s *store) list(ctx context.Context, query, pfx string, pattern driver.Pattern, each func(rowsIter) (string, error)) error {
 	lo, hi := keyRange(pfx + pattern.Prefix())
 	like := pattern.Like(pfx, '!')
 	after := ""
 	for {
-		var n int
-		err := retry(ctx, func() error {
-			n = 0
-			rows, err := s.db.query(ctx, query, s.prefix, lo, hi, like, after)
-			if err != nil {
-				return err
-			}
-			defer rows.Close()
-			last := after
-			for rows.Next() {
-				k, err := each(rows)
-				if err != nil {
-					return err
-				}
-				last = k
-				n++
-			}
-			if err := rows.Err(); err != nil {
-				return err
-			}
-			after = last
-			return nil
+		n, err := s.page(ctx, query, []any{s.prefix, lo, hi, like, after}, func(rows rowsIter) error {
+			k, err := each(rows)
+			after = k
+			return err
 		})
 		if err != nil {
 			return s.wrap(ctx, err)
@@ -153,6 +136,24 @@ func (s *store) list(ctx context.Context, query, pfx string, pattern driver.Patt
 			return nil
 		}
 	}
+}
+
+// page runs one listing query and calls each for every row; it returns
+// how many rows there were.
+func (s *store) page(ctx context.Context, query string, args []any, each func(rowsIter) error) (int, error) {
+	rows, err := s.db.query(ctx, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	defer rows.Close()
+	n := 0
+	for rows.Next() {
+		if err := each(rows); err != nil {
+			return n, err
+		}
+		n++
+	}
+	return n, rows.Err()
 }
 
 // listPage is the page size of listings.
