@@ -34,6 +34,7 @@ const (
 	maxBackoff = 5 * time.Second
 	pingIdle   = 15 * time.Second
 	pingWait   = 5 * time.Second
+	listenWait = 10 * time.Second // bound of one reconnection attempt
 )
 
 // hub is the store's event watcher: one goroutine (run by the eventhub,
@@ -108,7 +109,9 @@ func (h *hub) loop(ctx context.Context, run *eventhub.Run, conn *pgx.Conn) {
 	backoff := minBackoff
 	for ctx.Err() == nil {
 		if conn == nil {
-			c, err := h.listen(ctx)
+			lctx, cancel := context.WithTimeout(ctx, listenWait)
+			c, err := h.listen(lctx)
+			cancel()
 			if err != nil {
 				if ctx.Err() != nil {
 					return
