@@ -182,7 +182,9 @@ END`, quote(L+"_warden_ev_upd"), quote(L), evCols, evCols, evCols)},
 	snap := `json_object('state', NEW.state, 'failures', NEW.failure_count,
 		'last_failure', NEW.last_failure_time, 'last_success', NEW.last_success_time,
 		'opened_at', NEW.opened_at, 'probe_owner', NEW.probe_owner, 'probe_until', NEW.probe_until,
-		'version', NEW.version, 'updated_at', NEW.updated_at)`
+		'version', NEW.version, 'updated_at', NEW.updated_at,
+		'successes', NEW.successes, 'total_failures', NEW.total_failures,
+		'consecutive_successes', NEW.consecutive_successes, 'interval_start', NEW.interval_start, 'probes', NEW.probes)`
 	sqlNow := `CAST(unixepoch('subsec') * 1000 AS INTEGER)`
 	l.triggers = append(l.triggers,
 		triggerDef{name: C + "_warden_ev_ins", sql: fmt.Sprintf(`CREATE TRIGGER IF NOT EXISTS %s AFTER INSERT ON %s

@@ -230,6 +230,12 @@ type circuitSnapshot struct {
 	ProbeUntil  *int64 `json:"probe_until"`
 	Version     int64  `json:"version"`
 	UpdatedAt   *int64 `json:"updated_at"`
+	// The counts (absent in events written before they existed: 0).
+	Successes     int64  `json:"successes"`
+	TotalFailures int64  `json:"total_failures"`
+	ConsecOK      int64  `json:"consecutive_successes"`
+	IntervalStart *int64 `json:"interval_start"`
+	Probes        int64  `json:"probes"`
 }
 
 func optMs(p *int64) time.Time {
@@ -271,6 +277,12 @@ func (h *hub) circuitEvent(e event) (driver.CircuitRecord, bool) {
 		ProbeUntil:  optMs(snap.ProbeUntil),
 		Version:     snap.Version,
 		UpdatedAt:   optMs(snap.UpdatedAt),
+
+		Successes:            snap.Successes,
+		TotalFailures:        snap.TotalFailures,
+		ConsecutiveSuccesses: snap.ConsecOK,
+		IntervalStart:        optMs(snap.IntervalStart),
+		Probes:               snap.Probes,
 	}, true
 }
 
