@@ -592,9 +592,9 @@ func testMixedCache(t *testing.T, mongoPaths bool) {
 }
 
 // TestMixedFleetCircuits: circuit state written by either side is read by
-// the other. A circuit the adapter opened has no openedAt: warden takes
-// its last failure (else its last update) as the opening, so it grants no
-// probe before the open duration has passed.
+// the other, whichever created the circuit. A circuit the adapter opened
+// has no openedAt: warden takes its last failure (else its last update) as
+// the opening, so it grants no probe before the open duration has passed.
 func TestMixedFleetCircuits(t *testing.T) {
 	ctx := context.Background()
 	n, st, _ := mixed(t)
@@ -641,5 +641,32 @@ func TestMixedFleetCircuits(t *testing.T) {
 	n.must("recordSuccess", map[string]any{"key": "n"}, nil)
 	if rec, _, err := cb.Get(ctx, "n"); err != nil || rec.State != driver.Closed || rec.Failures != 0 {
 		t.Errorf("warden reads %+v %v after Node's success, want closed", rec, err)
+	}
+
+	// Circuits the adapter created (its own document): warden reads them,
+	// and its writes neither fail nor give up.
+	for range 2 {
+		n.must("recordFailure", map[string]any{"key": "first", "max": 2}, nil)
+	}
+	rec, ok, err = cb.Get(ctx, "first")
+	if err != nil || !ok || rec.State != driver.Open || rec.Failures != 2 {
+		t.Fatalf("warden reads %+v %v %v of a circuit Node created, want open with 2 failures", rec, ok, err)
+	}
+	if rec, granted, err := cb.TryProbe(ctx, "first", "prober", time.Minute, time.Minute); err != nil || granted {
+		t.Fatalf("TryProbe on a circuit Node created and opened just now: granted=%v err=%v (%+v)", granted, err, rec)
+	}
+	n.must("recordFailure", map[string]any{"key": "second", "max": 5}, nil)
+	rec, err = cb.RecordFailure(ctx, "second", 5, driver.AnyGeneration)
+	if err != nil || rec.State != driver.Closed || rec.Failures != 2 {
+		t.Fatalf("warden RecordFailure on a circuit Node created: %+v %v, want closed with 2 failures", rec, err)
+	}
+	var after nodeState
+	n.must("getState", map[string]any{"key": "second"}, &after)
+	if after.FailureCount != 2 {
+		t.Errorf("Node reads %+v after warden's failure, want 2 failures", after)
+	}
+	n.must("recordFailure", map[string]any{"key": "second", "max": 5}, nil)
+	if rec, _, err := cb.Get(ctx, "second"); err != nil || rec.Failures != 3 {
+		t.Errorf("warden reads %+v %v after Node's third failure, want 3", rec, err)
 	}
 }

@@ -506,7 +506,7 @@ func (s *store) Limits() driver.Limits { return driver.Limits{MaxValueBytes: s.m
 func (s *store) Locks() driver.Locks { return locks{s} }
 
 // Circuits implements driver.Store.
-func (s *store) Circuits() driver.Circuits { return circuits{s} }
+func (s *store) Circuits() driver.Circuits { return adoptingCircuits{circuits{s}} }
 
 // Cache implements driver.Store.
 func (s *store) Cache() driver.Cache { return cache{s} }
