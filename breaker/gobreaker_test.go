@@ -250,3 +250,82 @@ func TestReadyToTripPanics(t *testing.T) {
 		t.Fatalf("%s with %d failures", rec.State, rec.TotalFailures)
 	}
 }
+
+// racing is the memory driver with one more writer: right before the
+// first Trip, another process changes the circuit (a batch of successes),
+// so that Trip finds a newer version.
+type racing struct {
+	driver.Store
+	raced atomic.Bool
+}
+
+func (r *racing) Circuits() driver.Circuits { return racingCircuits{r.Store.Circuits(), r} }
+
+type racingCircuits struct {
+	driver.Circuits
+	r *racing
+}
+
+func (c racingCircuits) Trip(ctx context.Context, name string, version int64) (driver.CircuitRecord, bool, error) {
+	if !c.r.raced.Swap(true) {
+		if _, err := c.Circuits.RecordOutcome(ctx, name, driver.Outcome{Gen: driver.AnyGeneration, Successes: 1}); err != nil {
+			return driver.CircuitRecord{}, false, err
+		}
+	}
+	return c.Circuits.Trip(ctx, name, version)
+}
+
+// A Trip that finds the circuit changed since the counts it decided on
+// does not open it; the Breaker decides again on the newer counts, and
+// trips at that version.
+func TestReadyToTripDecidesAgain(t *testing.T) {
+	t.Parallel()
+	r := &racing{Store: testkit.MemoryDriver(testkit.DBName(t))}
+	st := testkit.Open(t, r, nil)
+	b := newBreaker(t, st, "api", &breaker.Options{
+		ReadyToTrip: func(c breaker.Counts) bool { return c.ConsecutiveFailures >= 2 },
+		OpenFor:     time.Hour,
+	})
+	for range 2 {
+		if err := b.Do(context.Background(), fail); !errors.Is(err, errBoom) {
+			t.Fatal(err)
+		}
+	}
+	if err := b.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !r.raced.Load() {
+		t.Fatal("no Trip was made")
+	}
+	rec := record(t, st, "api")
+	if rec.State != breaker.Open || rec.Failures != 2 {
+		t.Fatalf("after 2 failures and a Trip that lost a race: %s with %d failures, want open", rec.State, rec.Failures)
+	}
+}
+
+// While the store is unreachable, ReadyToTrip decides on the local view's
+// counts (the last record's, with the failures counted locally since).
+func TestReadyToTripStoreDown(t *testing.T) {
+	t.Parallel()
+	st, f := openFlaky(t, testkit.DBName(t), nil, nil)
+	b := newBreaker(t, st, "api", &breaker.Options{
+		ReadyToTrip: func(c breaker.Counts) bool { return c.TotalFailures >= 3 },
+		OpenFor:     time.Hour,
+	})
+	ctx := context.Background()
+	if err := b.Do(ctx, fail); !errors.Is(err, errBoom) {
+		t.Fatal(err)
+	}
+	f.down.Store(true)
+	for i := range 2 {
+		if err := b.Do(ctx, fail); !errors.Is(err, errBoom) {
+			t.Fatalf("failure %d while the store is down: %v", i+2, err)
+		}
+	}
+	if s := b.Stats(); s.State != breaker.Open || !s.StoreDown {
+		t.Fatalf("after 1 recorded and 2 local failures: %+v, want open locally", s)
+	}
+	if err := b.Do(ctx, succeed); !errors.Is(err, breaker.ErrOpen) {
+		t.Fatalf("a call on the locally open circuit: %v", err)
+	}
+}
