@@ -657,3 +657,33 @@ func TestMixedFleetNodeOutsideUTC(t *testing.T) {
 		t.Fatalf("re-acquire: %+v ok=%v err=%v, previous token %d", again, ok, err, rec.Token)
 	}
 }
+
+// TestMixedFleetNodeBehindUTC: a Node process behind UTC writes expiries
+// that are already past in UTC, so warden takes its live locks, and reads
+// warden's released locks as still held (the hazards docs/backends.md
+// names); warden's tokens stay above the clock's token base.
+func TestMixedFleetNodeBehindUTC(t *testing.T) {
+	ctx := context.Background()
+	name, _ := mixedDB(t)
+	st := openMixed(t, name)
+	node := startNode(t, name, "America/New_York") // UTC-05:00 or -04:00
+	l := st.Locks()
+	first, ok, err := l.Acquire(ctx, "x", "go", time.Minute)
+	if err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	if ok, err := l.Release(ctx, "x", "go", first.Token); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	if node.acquire("x", "node", time.Hour) {
+		t.Fatal("the adapter behind UTC took warden's released lock: the test's premise (local-time reads) no longer holds")
+	}
+	before := driver.TokenBase(time.Now())
+	if !node.acquire("y", "node", time.Hour) {
+		t.Fatal("node acquire")
+	}
+	rec, ok, err := l.Acquire(ctx, "y", "go", time.Minute)
+	if err != nil || !ok || rec.Token < before {
+		t.Fatalf("warden on a lock written in New York time: %+v ok=%v err=%v, token base before %d", rec, ok, err, before)
+	}
+}
