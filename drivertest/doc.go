@@ -2,7 +2,10 @@
 // against its real server. It checks, through the checked entry points of
 // [warden.Store], every guarantee the driver contract (package driver) and
 // the design make: mutual exclusion and fencing of locks, lossless circuit
-// counting, atomic cache and idempotency primitives, checkpoint sequences
+// counting (gobreaker's counts, counting periods, trips decided by the
+// caller and applied once, concurrent probe slots — also from several OS
+// processes, through breaker.Breaker with a ReadyToTrip over the fleet's
+// counts), atomic cache and idempotency primitives, checkpoint sequences
 // and fences,
 // millisecond TTLs, hostile keys and patterns, namespace isolation,
 // lifecycle and context handling, notifications across connections, and
