@@ -129,6 +129,9 @@ func TestMigrateUpgradesGoGoScopeTables(t *testing.T) {
 	if err := st.Migrate(ctx); err != nil {
 		t.Fatalf("second Migrate: %v", err)
 	}
+	if stmts, err := mysql.PlannedChanges(ctx, st); err != nil || len(stmts) != 0 {
+		t.Fatalf("after Migrate, Migrate still plans %q (%v)", stmts, err)
+	}
 
 	l := st.Locks()
 	if _, ok, err := l.Acquire(ctx, "held", "go", time.Minute); err != nil || ok {

@@ -264,6 +264,9 @@ func TestMixedFleetLocks(t *testing.T) {
 	st := openMixed(t, name)
 	node := startNode(t, name, "UTC")
 	node.must("connect", nil, nil)
+	if stmts, err := mysql.PlannedChanges(ctx, st); err != nil || len(stmts) != 0 {
+		t.Fatalf("on tables warden created, Migrate plans %q (%v)", stmts, err)
+	}
 	l := st.Locks()
 
 	// Node holds: warden refuses, and sees Node's owner.
@@ -550,6 +553,9 @@ func TestMixedFleetMigrateAdoptsNodeDatabase(t *testing.T) {
 	st := openMixed(t, name)
 	if err := st.Migrate(ctx); err != nil {
 		t.Fatalf("second Migrate: %v", err)
+	}
+	if stmts, err := mysql.PlannedChanges(ctx, st); err != nil || len(stmts) != 0 {
+		t.Fatalf("after Migrate, Migrate still plans %q (%v)", stmts, err)
 	}
 	if rec, held, err := st.Locks().Get(ctx, "held"); err != nil || !held || rec.Owner != "node-1" {
 		t.Fatalf("the adapter's lock after Migrate: %+v %v %v", rec, held, err)

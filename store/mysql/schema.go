@@ -298,7 +298,9 @@ func (s *store) plan(ctx context.Context, td tableDef) ([]string, error) {
 				stmts = append(stmts, fmt.Sprintf("UPDATE %s SET %s = %s WHERE %s IS NULL", qi(td.name), qi(c.name), c.fill, qi(c.name)))
 			}
 			alter = append(alter, "MODIFY COLUMN "+qi(c.name)+" "+c.decl)
-		case e.nullable == c.notNull() || c.notNull() && c.hasDefault() && !e.hasDef:
+		case e.nullable == c.notNull() || c.notNull() && c.hasDefault() && !e.hasDef && baseOf(c.decl) == baseOf(e.typ):
+			// (A kept column of another type, such as go-go-scope's BIGINT
+			// timestamp, keeps having no default: its writers set it.)
 			if e.nullable && c.notNull() {
 				stmts = append(stmts, fmt.Sprintf("UPDATE %s SET %s = %s WHERE %s IS NULL", qi(td.name), qi(c.name), c.fill, qi(c.name)))
 			}
