@@ -50,7 +50,7 @@ type txn interface {
 	rollback(ctx context.Context) error
 }
 
-// errNoRows is what a rowScanner returns when there is no row.
+// isNoRows reports the error of a rowScanner that found no row.
 func isNoRows(err error) bool { return errors.Is(err, pgx.ErrNoRows) || errors.Is(err, sql.ErrNoRows) }
 
 // ---------------------------------------------------------------------------

@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -61,7 +62,7 @@ func newCountingStore(t testing.TB, prefix string) (*warden.Store, *counter) {
 // first, so the counts are those of a warm connection, the steady state
 // of a service.
 func TestRoundTrips(t *testing.T) {
-	st, c := newCountingStore(t, "roundtrips:")
+	st, c := newCountingStore(t, fmt.Sprintf("roundtrips%d:", time.Now().UnixNano()))
 	ctx := context.Background()
 	tag := time.Now().Format("150405.000000")
 	lk, cb, ca, id, cp := st.Locks(), st.Circuits(), st.Cache(), st.Idempotency(), st.Checkpoints()

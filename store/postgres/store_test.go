@@ -231,7 +231,7 @@ func TestListenReconnects(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	app := fmt.Sprintf("warden-listen-%d-%d", os.Getpid(), time.Now().UnixNano())
-	u, err := url.Parse(serverURL(t, "relisten:"))
+	u, err := url.Parse(serverURL(t, fmt.Sprintf("relisten%d:", time.Now().UnixNano())))
 	if err != nil {
 		t.Fatal(err)
 	}
