@@ -261,3 +261,71 @@ func TestAutoIncrementOutcomes(t *testing.T) {
 		t.Fatalf("Save below the fence: %v %v", ok, err)
 	}
 }
+
+// TestMigrateUpgradesEarlierLayout: tables of the layout warden used before
+// it shared them with go-go-scope (VARBINARY keys, (namespace, key) primary
+// keys, LONGBLOB values) are upgraded in place with their rows, and a
+// second Migrate plans nothing.
+func TestMigrateUpgradesEarlierLayout(t *testing.T) {
+	ctx := context.Background()
+	db := rawDB(t)
+	sfx := fmt.Sprintf("_%d_%d", os.Getpid(), time.Now().UnixNano())
+	tb := mysql.Tables{
+		Locks: "old_locks" + sfx, Circuits: "old_circuit" + sfx, Cache: "old_cache" + sfx,
+		Idempotency: "old_idem" + sfx, Checkpoints: "old_cp" + sfx, CheckpointTasks: "old_cpt" + sfx,
+	}
+	t.Cleanup(func() {
+		for _, n := range []string{tb.Locks, tb.Circuits, tb.Cache, tb.Idempotency, tb.Checkpoints, tb.CheckpointTasks} {
+			db.Exec("DROP TABLE IF EXISTS " + n)
+		}
+	})
+	ns := "`namespace` VARBINARY(64) NOT NULL DEFAULT '', `key` VARBINARY(600) NOT NULL, "
+	for _, q := range []string{
+		"CREATE TABLE " + tb.Locks + " (" + ns + "owner VARBINARY(512) NULL, token BIGINT NOT NULL DEFAULT 0, created_at DATETIME(3) NOT NULL, " +
+			"acquired_at DATETIME(3) NOT NULL, expires_at DATETIME(3) NOT NULL, released_at DATETIME(3) NULL, updated_at DATETIME(3) NOT NULL, PRIMARY KEY (`namespace`, `key`))",
+		"CREATE TABLE " + tb.Cache + " (" + ns + "value LONGBLOB NOT NULL, expires_at DATETIME(3) NULL, updated_at DATETIME(3) NOT NULL, " +
+			"PRIMARY KEY (`namespace`, `key`), KEY expires_at_idx (expires_at))",
+		"CREATE TABLE " + tb.Checkpoints + " (`namespace` VARBINARY(64) NOT NULL DEFAULT '', id VARBINARY(640) NOT NULL, task_id VARBINARY(600) NOT NULL, " +
+			"sequence BIGINT NOT NULL DEFAULT 0, `timestamp` DATETIME(3) NOT NULL, progress DOUBLE NOT NULL DEFAULT 0, data LONGBLOB NOT NULL, " +
+			"estimated_time_remaining BIGINT NULL, token BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (`namespace`, task_id, sequence))",
+		"INSERT INTO " + tb.Locks + " VALUES ('p:', 'p:lock:held', 'old', 1000, UTC_TIMESTAMP(3), UTC_TIMESTAMP(3), UTC_TIMESTAMP(3) + INTERVAL 1 HOUR, NULL, UTC_TIMESTAMP(3))," +
+			" ('p:', 'p:lock:rel', 'old', 2000, UTC_TIMESTAMP(3), UTC_TIMESTAMP(3), UTC_TIMESTAMP(3), UTC_TIMESTAMP(3), UTC_TIMESTAMP(3))",
+		"INSERT INTO " + tb.Cache + " VALUES ('p:', 'p:cache:bin', x'ff00', NULL, UTC_TIMESTAMP(3)), ('p:', 'p:cache:js', '{\"a\": 1}', NULL, UTC_TIMESTAMP(3))",
+		"INSERT INTO " + tb.Checkpoints + " VALUES ('p:', 'p:t:1', 'p:t', 1, UTC_TIMESTAMP(3), 50, x'fe', NULL, 3)",
+	} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := mysql.New(db, &mysql.Options{Tables: tb, Prefix: "p:"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if stmts, err := mysql.PlannedChanges(ctx, st); err != nil || len(stmts) != 0 {
+		t.Fatalf("after Migrate, Migrate still plans %q (%v)", stmts, err)
+	}
+	if cols := columnTypes(t, db, tb.Locks); cols["key"] != "varchar(600)" {
+		t.Fatalf("key is %s after Migrate", cols["key"])
+	}
+	if rec, ok, err := st.Locks().Acquire(ctx, "held", "new", time.Minute); err != nil || ok || rec.Owner != "old" {
+		t.Fatalf("the old holding: %+v ok=%v err=%v", rec, ok, err)
+	}
+	if rec, ok, err := st.Locks().Acquire(ctx, "rel", "new", time.Minute); err != nil || !ok || rec.Token <= 2000 {
+		t.Fatalf("the released row: %+v ok=%v err=%v", rec, ok, err)
+	}
+	for k, want := range map[string]string{"bin": "\xff\x00", "js": `{"a": 1}`} {
+		if e, ok, err := st.Cache().Get(ctx, k); err != nil || !ok || string(e.Value) != want {
+			t.Fatalf("cache %s: %q %v %v", k, e.Value, ok, err)
+		}
+	}
+	if cp, ok, err := st.Checkpoints().Latest(ctx, "t"); err != nil || !ok || string(cp.Data) != "\xfe" || cp.Token != 3 {
+		t.Fatalf("checkpoint: %+v %v %v", cp, ok, err)
+	}
+	if err := st.Cache().Set(ctx, "js2", []byte(`[1]`), 0); err != nil {
+		t.Fatal(err)
+	}
+	if e, _, err := st.Cache().Get(ctx, "js2"); err != nil || string(e.Value) != "[1]" {
+		t.Fatalf("a new JSON value in the kept LONGBLOB column: %q %v", e.Value, err)
+	}
+}
