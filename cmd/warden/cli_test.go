@@ -165,7 +165,9 @@ func TestPasswordsNeverPrinted(t *testing.T) {
 	// unknown store URL, 5 for a registered store nobody answers for.
 	for url, code := range map[string]int{
 		"mysql://user:s3cret@127.0.0.1:1/app?timeout=2s":           exitUnreachable,
-		"postgres://user:s3cret@127.0.0.1:1/db?sslmode=disable":    exitUsage,
+		"postgres://user:s3cret@127.0.0.1:1/db?sslmode=disable":    exitUnreachable,
+		"redis://user:s3cret@127.0.0.1:1/0":                        exitUnreachable,
+		"redis://:s3cret@127.0.0.1:1/0?addr=127.0.0.1:2":           exitUnreachable,
 		"sqlite://user:s3cret@host/file.db":                        exitUsage,
 		"memory://user:s3cret@name":                                exitUsage,
 		"sqlite:///x.db?password=s3cret&prefix=a:":                 exitUsage,
@@ -193,8 +195,8 @@ func TestPasswordsNeverPrinted(t *testing.T) {
 			t.Fatalf("help printed WARDEN_STORE's password")
 		}
 	}
-	r := invoke(t, "", "--store", "redis://user:s3cret@db/0", "ping")
-	if !strings.Contains(r.stderr, "registered schemes are dynamodb, memory, mongodb, mongodb+srv, mysql, sqlite") {
+	r := invoke(t, "", "--store", "etcd://user:s3cret@db/0", "ping")
+	if !strings.Contains(r.stderr, "registered schemes are dynamodb, memory, mongodb, mongodb+srv, mysql, postgres, postgresql, redis, rediss, sqlite, unix") {
 		t.Fatalf("unknown scheme: %s", r)
 	}
 }

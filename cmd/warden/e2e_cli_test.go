@@ -116,6 +116,25 @@ func TestE2ENestedPasswordNeverPrinted(t *testing.T) {
 	}
 }
 
+// TestE2EUnreachableStoreOneLine: a store nobody answers for is reported
+// once, as warden's error line with exit 5 — no driver's own log lines
+// (go-redis logs every failed dial to the standard logger unless told not
+// to), and no password.
+func TestE2EUnreachableStoreOneLine(t *testing.T) {
+	for _, url := range []string{
+		"redis://:s3cret@127.0.0.1:1/0",
+		"postgres://u:s3cret@127.0.0.1:1/db?sslmode=disable",
+		"mysql://u:s3cret@127.0.0.1:1/app?timeout=2s",
+	} {
+		r := runWarden(t, nil, "--store", url, "ping")
+		want(t, r, exitUnreachable)
+		oneErrorLine(t, r)
+		if strings.Contains(r.stdout+r.stderr, "s3cret") {
+			t.Fatalf("%s printed the password: %s", url, r)
+		}
+	}
+}
+
 // TestE2EStoreURLMessages: a store URL without a scheme says so and lists the
 // registered schemes; a URL ending in a colon is quoted, not followed by
 // a second colon.

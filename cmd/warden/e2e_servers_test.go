@@ -36,6 +36,12 @@ var serverStores = []serverStore{
 		}
 		return withParam(base, "prefix", prefix)
 	}},
+	{name: "postgres", env: "WARDEN_TEST_POSTGRES_URL", url: func(base, prefix string) string {
+		return withParam(base, "prefix", prefix)
+	}},
+	{name: "redis", env: "WARDEN_TEST_REDIS_URL", url: func(base, prefix string) string {
+		return withParam(base, "prefix", prefix)
+	}},
 	{name: "dynamodb", env: "WARDEN_TEST_DYNAMODB_ENDPOINT", url: func(endpoint, prefix string) string {
 		u := "dynamodb://warden_cli_e2e?region=us-east-1"
 		u = withParam(u, "endpoint", endpoint)
