@@ -1,8 +1,8 @@
 // Package warden gives Go services the coordination state they share across
 // processes — distributed locks, circuit-breaker state, caches, idempotency
-// keys and task checkpoints — on the database they already run: MongoDB,
-// DynamoDB, MySQL/MariaDB, SQLite (the embedded default) and memory (for
-// tests); PostgreSQL and Redis stores are planned.
+// keys and task checkpoints — on the database they already run: PostgreSQL,
+// MySQL/MariaDB, MongoDB, DynamoDB, Redis, SQLite (the embedded default)
+// and memory (for tests).
 //
 // A [Store] is a connection to one database in one namespace. Open one from
 // a URL; the store packages register their schemes when imported:

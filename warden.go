@@ -118,8 +118,9 @@ func New(drv driver.Store, opts *Options) *Store {
 
 // Open opens a store from a URL: memory://, sqlite:///path/file.db (also
 // sqlite://file.db), and the schemes of every store package imported:
-// mysql:// (store/mysql), mongodb:// and mongodb+srv:// (store/mongo),
-// dynamodb://TABLE (store/dynamo). Every
+// postgres:// and postgresql:// (store/postgres), mysql:// (store/mysql),
+// mongodb:// and mongodb+srv:// (store/mongo), dynamodb://TABLE
+// (store/dynamo), redis://, rediss:// and unix:// (store/redis). Every
 // store accepts ?prefix= for its namespace; unknown parameters are errors.
 // Errors never contain the URL's password.
 func Open(ctx context.Context, rawURL string) (*Store, error) {
