@@ -41,11 +41,11 @@ func nodeEntry(sk string) bson.D {
 	return bson.D{{Key: "key", Value: sk}, {Key: "namespace", Value: bson.D{{Key: "$exists", Value: false}}}}
 }
 
-// cacheRange restricts a cache listing to stored keys starting with
-// prefix in the namespace: warden's documents by their namespace, the
+// kindRange restricts a listing (cache entries, locks) to stored keys
+// starting with prefix in the namespace: warden's documents by their namespace, the
 // go-go-scope adapter's (no namespace) by their key alone, which the key
 // range bounds (stored keys are unambiguous, see driver.ValidatePrefix).
-func (s *store) cacheRange(prefix string) bson.D {
+func (s *store) kindRange(prefix string) bson.D {
 	r := s.keyRange("key", prefix)
 	r[0] = bson.E{Key: "namespace", Value: bson.D{{Key: "$in", Value: bson.A{s.prefix, nil}}}}
 	return r
@@ -184,11 +184,11 @@ func (c cache) Has(ctx context.Context, key string) (bool, error) {
 // (counted), then its expired ones.
 func (c cache) Clear(ctx context.Context) (int64, error) {
 	s := c.s
-	res, err := s.cache.DeleteMany(ctx, append(s.cacheRange(s.cachePfx), live(now())))
+	res, err := s.cache.DeleteMany(ctx, append(s.kindRange(s.cachePfx), live(now())))
 	if err != nil {
 		return 0, ctxErr(ctx, err)
 	}
-	if _, err := s.cache.DeleteMany(ctx, s.cacheRange(s.cachePfx)); err != nil {
+	if _, err := s.cache.DeleteMany(ctx, s.kindRange(s.cachePfx)); err != nil {
 		return res.DeletedCount, ctxErr(ctx, err)
 	}
 	return res.DeletedCount, nil
@@ -198,7 +198,7 @@ func (c cache) Clear(ctx context.Context) (int64, error) {
 func (c cache) Keys(ctx context.Context, pattern driver.Pattern) ([]string, error) {
 	s := c.s
 	var out []string
-	f := append(s.cacheRange(s.cachePfx+pattern.Prefix()), live(now()))
+	f := append(s.kindRange(s.cachePfx+pattern.Prefix()), live(now()))
 	err := findAll(ctx, s.cache, f, set("key", 1), func(d *cacheDoc) {
 		if key, ok := strings.CutPrefix(d.Key, s.cachePfx); ok && pattern.Match(key) {
 			out = append(out, key)

@@ -344,7 +344,13 @@ func (l locks) ForceRelease(ctx context.Context, key string) (bool, error) {
 	var d lockDoc
 	err := s.locks.FindOneAndUpdate(ctx, f, releaseUpdate(s.docID(sk), t)).Decode(&d)
 	if errors.Is(err, mongo.ErrNoDocuments) {
-		return false, nil
+		// A live holding of the go-go-scope adapter is its document:
+		// deleted, as the adapter's own forceRelease does.
+		res, err := s.locks.DeleteOne(ctx, append(nodeEntry(sk), bson.E{Key: "expiresAt", Value: bson.D{{Key: "$gt", Value: t}}}))
+		if err != nil {
+			return false, ctxErr(ctx, err)
+		}
+		return res.DeletedCount > 0, nil
 	}
 	if err != nil {
 		return false, ctxErr(ctx, err)
@@ -353,17 +359,49 @@ func (l locks) ForceRelease(ctx context.Context, key string) (bool, error) {
 	return true, nil
 }
 
-// liveLock is the condition of a live holding at t.
+// liveLock is the condition of a live holding at t (a go-go-scope
+// adapter's document has no released field).
 func liveLock(t time.Time) bson.D {
-	return bson.D{{Key: "released", Value: false}, {Key: "expiresAt", Value: bson.D{{Key: "$gt", Value: t}}}}
+	return bson.D{{Key: "released", Value: bson.D{{Key: "$ne", Value: true}}}, {Key: "expiresAt", Value: bson.D{{Key: "$gt", Value: t}}}}
 }
 
-// Get implements driver.Locks.
+// Get implements driver.Locks: one find by _id; a lock without a live
+// warden holding is also looked for among the go-go-scope adapter's
+// documents (in the same query on MongoDB, as a second one on servers that
+// scan for any filter but _id).
 func (l locks) Get(ctx context.Context, key string) (driver.LockRecord, bool, error) {
 	s := l.s
+	sk := s.lockPfx + key
 	var d lockDoc
 	t := now()
-	err := s.locks.FindOne(ctx, s.nsKey(s.lockPfx+key), options.FindOne().SetProjection(lockProj)).Decode(&d)
+	if !s.scans {
+		// Both branches are indexed (_id, key_1); at most one document
+		// holds the key, and warden's released one has given it up.
+		f := bson.D{{Key: "$or", Value: bson.A{s.nsKey(sk), nodeEntry(sk)}}}
+		cur, err := s.locks.Find(ctx, f, options.Find().SetProjection(lockProj))
+		if err != nil {
+			return driver.LockRecord{}, false, ctxErr(ctx, err)
+		}
+		defer cur.Close(context.WithoutCancel(ctx))
+		for cur.Next(ctx) {
+			var c lockDoc
+			if err := cur.Decode(&c); err != nil {
+				return driver.LockRecord{}, false, err
+			}
+			if c.liveAt(t) {
+				return c.record(key), true, nil
+			}
+		}
+		return driver.LockRecord{}, false, ctxErr(ctx, cur.Err())
+	}
+	err := s.locks.FindOne(ctx, s.nsKey(sk), options.FindOne().SetProjection(lockProj)).Decode(&d)
+	if err == nil && d.liveAt(t) {
+		return d.record(key), true, nil
+	}
+	if err != nil && !errors.Is(err, mongo.ErrNoDocuments) {
+		return driver.LockRecord{}, false, ctxErr(ctx, err)
+	}
+	err = s.locks.FindOne(ctx, nodeEntry(sk), options.FindOne().SetProjection(lockProj)).Decode(&d)
 	if errors.Is(err, mongo.ErrNoDocuments) || (err == nil && !d.liveAt(t)) {
 		return driver.LockRecord{}, false, nil
 	}
@@ -373,11 +411,12 @@ func (l locks) Get(ctx context.Context, key string) (driver.LockRecord, bool, er
 	return d.record(key), true, nil
 }
 
-// List implements driver.Locks.
+// List implements driver.Locks: warden's live holdings in the namespace
+// and the go-go-scope adapter's (no namespace) in its key range.
 func (l locks) List(ctx context.Context, pattern driver.Pattern) ([]driver.LockRecord, error) {
 	s := l.s
 	var out []driver.LockRecord
-	f := append(s.keyRange("key", s.lockPfx+pattern.Prefix()), liveLock(now())...)
+	f := append(s.kindRange(s.lockPfx+pattern.Prefix()), liveLock(now())...)
 	err := findAll(ctx, s.locks, f, lockProj, func(d *lockDoc) {
 		if key, ok := strings.CutPrefix(d.Key, s.lockPfx); ok && pattern.Match(key) {
 			out = append(out, d.record(key))

@@ -343,6 +343,13 @@ func testMixedLocks(t *testing.T, mongoPaths bool) {
 	if rec.Owner != "node-1" || rec.ExpiresAt.IsZero() {
 		t.Errorf("holder %+v, want node-1 with its expiry", rec)
 	}
+	// Operators see the Node holding.
+	if got, ok, err := lk.Get(ctx, "a"); err != nil || !ok || got.Owner != "node-1" || got.ExpiresAt.IsZero() {
+		t.Errorf("Get of a Node-held lock: %+v %v %v", got, ok, err)
+	}
+	if list, err := lk.List(ctx, driver.MustPattern("*")); err != nil || len(list) != 1 || list[0].Owner != "node-1" {
+		t.Errorf("List with a Node-held lock: %+v %v", list, err)
+	}
 	locker, err := lock.New(st, &lock.Options{Owner: "warden"})
 	if err != nil {
 		t.Fatal(err)
@@ -444,6 +451,19 @@ func testMixedLocks(t *testing.T, mongoPaths bool) {
 	}
 	if rec3.Token <= high {
 		t.Errorf("token %d after the Node side and its TTL index, want > %d (the released document's)", rec3.Token, high)
+	}
+
+	// warden force-releases a Node holding (an operator's command): the
+	// Node side sees its lock gone.
+	if !n.acquire("g", "node-6", time.Minute) {
+		t.Fatal("Node acquire of g")
+	}
+	if ok, err := lk.ForceRelease(ctx, "g"); err != nil || !ok {
+		t.Fatalf("ForceRelease of a Node holding: %v %v", ok, err)
+	}
+	n.must("isValid", map[string]any{"owner": "node-6"}, &valid)
+	if valid {
+		t.Error("the Node holding is still valid after warden's ForceRelease")
 	}
 
 	// Node force-releases a warden holding: warden's Refresh reports it
