@@ -96,7 +96,7 @@ func (c cache) Get(ctx context.Context, key string) (driver.CacheEntry, bool, er
 func (c cache) Set(ctx context.Context, key string, value []byte, ttl time.Duration) error {
 	s := c.s
 	sk := s.cachePfx + key
-	v := storedValue(value)
+	v := storedValue(value, s.maxValue)
 	for range s.tries {
 		s.raced("write")
 		t := now()
@@ -125,7 +125,7 @@ func (c cache) SetIfAbsent(ctx context.Context, key string, value []byte, ttl ti
 	s := c.s
 	sk := s.cachePfx + key
 	t := now()
-	upd := bson.D{{Key: "$set", Value: set("value", storedValue(value), "expiresAt", expiry(t, ttl), "updatedAt", t)}}
+	upd := bson.D{{Key: "$set", Value: set("value", storedValue(value, s.maxValue), "expiresAt", expiry(t, ttl), "updatedAt", t)}}
 	f := append(s.nsKey(sk), bson.E{Key: "expiresAt", Value: set("$lte", t)})
 	res, err := s.cache.UpdateOne(ctx, f, s.withIdent(upd, sk), options.UpdateOne().SetUpsert(true))
 	if isDup(err) {

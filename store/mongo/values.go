@@ -30,41 +30,45 @@ import (
 // MongoDB's limit of 100 levels for a whole document.
 const maxNativeDepth = 90
 
-// storedValue returns the BSON value a cache value is stored as.
-func storedValue(b []byte) any {
-	if v, ok := nativeValue(b); ok {
+// storedValue returns the BSON value a cache value is stored as. The
+// native form of a JSON value can be larger than its JSON (an array of
+// small numbers, up to 6.5 times); one larger than limit (the store's
+// MaxValueBytes, which leaves room in the 16 MiB document) is stored as
+// binary instead.
+func storedValue(b []byte, limit int) any {
+	if v, size, ok := nativeValue(b); ok && size <= limit {
 		return v
 	}
 	return nonNil(b)
 }
 
 // nativeValue converts JSON b to its BSON form, if b is JSON that reads
-// back as exactly b.
-func nativeValue(b []byte) (any, bool) {
+// back as exactly b, and returns the size of that form.
+func nativeValue(b []byte) (any, int, bool) {
 	if len(b) == 0 || !json.Valid(b) {
-		return nil, false
+		return nil, 0, false
 	}
 	d := json.NewDecoder(bytes.NewReader(b))
 	d.UseNumber()
 	v, err := jsonToBSON(d, 0)
 	if err != nil {
-		return nil, false
+		return nil, 0, false
 	}
 	if _, err := d.Token(); err != io.EOF {
-		return nil, false
+		return nil, 0, false
 	}
 	if v == nil {
-		return nil, string(b) == "null" // BSON null
+		return nil, 1, string(b) == "null" // BSON null
 	}
 	t, raw, err := bson.MarshalValue(v)
 	if err != nil {
-		return nil, false
+		return nil, 0, false
 	}
 	back, err := valueJSON(bson.RawValue{Type: t, Value: raw})
 	if err != nil || !bytes.Equal(back, b) {
-		return nil, false
+		return nil, 0, false
 	}
-	return v, true
+	return v, len(raw), true
 }
 
 var errNotNative = errors.New("no native form")
