@@ -690,4 +690,3 @@ func TestMixedFleetCircuits(t *testing.T) {
 		t.Errorf("warden reads %+v %v after Node's third failure, want 3", rec, err)
 	}
 }
-
