@@ -41,7 +41,7 @@ func expiryMs(it item) (ms int64, ok bool) {
 func (c cache) item(key string, value []byte, ttl time.Duration, now int64, req string) item {
 	it := itemKey(c.s.cachePfx+key, metaSK)
 	if len(value) > 0 {
-		it[aData] = dataValue(value)
+		it[aData] = dataValue(value, c.s.maxValue)
 	}
 	if ttl > 0 {
 		exp := now + driver.Millis(ttl)

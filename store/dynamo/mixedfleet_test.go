@@ -10,6 +10,7 @@ import (
 	"errors"
 	"reflect"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -262,6 +263,15 @@ func TestMixedFleetCache(t *testing.T) {
 		if e, ok, err := ca.Get(ctx, "s"); err != nil || !ok || string(e.Value) != v {
 			t.Errorf("Get of %s: %q %v %v", v, e.Value, ok, err)
 		}
+	}
+	// A JSON list within the value limit whose native form is over
+	// DynamoDB's item size (about 1.5 times its JSON) is stored as binary.
+	big := []byte("[" + strings.Repeat("0,", 150_000) + "0]")
+	if err := ca.Set(ctx, "big", big, 0); err != nil {
+		t.Fatalf("Set of a %d-byte JSON list: %v", len(big), err)
+	}
+	if e, ok, err := ca.Get(ctx, "big"); err != nil || !ok || string(e.Value) != string(big) {
+		t.Errorf("Get of the big list: %d bytes %v %v", len(e.Value), ok, err)
 	}
 	// JSON a map could not give back byte for byte stays binary.
 	for _, v := range []string{`{"b":1,"a":2}`, `{"a": 1}`, `1.0`, `0.10`, `1e3`, `-0`, `""`, `{"":1}`, `{"a":1,"a":2}`, `"\u00e9"`} {

@@ -35,12 +35,41 @@ var plainNumber = regexp.MustCompile(`^-?(0|[1-9][0-9]{0,37})(\.[0-9]{0,36}[1-9]
 
 var errNotNative = errors.New("no native form")
 
-// dataValue returns the attribute a cache value is stored as.
-func dataValue(b []byte) types.AttributeValue {
-	if v, ok := nativeData(b); ok {
+// dataValue returns the attribute a cache value is stored as. A native
+// form larger than limit (the store's MaxValueBytes, by DynamoDB's item
+// size rules) is stored as binary instead: a list of small numbers takes
+// about 1.5 times its JSON.
+func dataValue(b []byte, limit int) types.AttributeValue {
+	if v, ok := nativeData(b); ok && avSize(v) <= limit {
 		return v
 	}
 	return vB(b)
+}
+
+// avSize is the size DynamoDB counts for an attribute value (its
+// documented rules, numbers rounded up).
+func avSize(v types.AttributeValue) int {
+	switch t := v.(type) {
+	case *types.AttributeValueMemberS:
+		return len(t.Value)
+	case *types.AttributeValueMemberN:
+		return (len(t.Value)+1)/2 + 1
+	case *types.AttributeValueMemberB:
+		return len(t.Value)
+	case *types.AttributeValueMemberL:
+		n := 3
+		for _, e := range t.Value {
+			n += 1 + avSize(e)
+		}
+		return n
+	case *types.AttributeValueMemberM:
+		n := 3
+		for k, e := range t.Value {
+			n += 1 + len(k) + avSize(e)
+		}
+		return n
+	}
+	return 1 // BOOL, NULL
 }
 
 // nativeData converts JSON b to its attribute form, if b is JSON that
