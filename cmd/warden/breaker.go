@@ -33,8 +33,10 @@ that never recorded anything has no record and is closed.`,
 			help: `
 Shows the shared state of the circuit breaker NAME: state (closed, open,
 half-open), consecutive failures, last failure and success, when it opened,
-the half-open probe's holder, version. Exits 3 when the circuit is open or
-half-open (calls through it are refused, but for one probe), so that
+the counts of the current counting period (successes, failures, successes
+in a row, when the period began), the half-open probe slots granted and
+their newest holder, version. Exits 3 when the circuit is open or
+half-open (calls through it are refused, but for its probes), so that
 scripts can test it. A circuit without a record (never failed, or reset)
 is closed: it is shown as "closed (no record)" and exits 0.`,
 			example: `warden breaker show payments-api || echo "payments are off"`,
@@ -90,10 +92,17 @@ type circuitJSON struct {
 	LastFailure jsonTime `json:"last_failure"`
 	LastSuccess jsonTime `json:"last_success"`
 	OpenedAt    jsonTime `json:"opened_at"`
-	ProbeOwner  string   `json:"probe_owner"`
-	ProbeUntil  jsonTime `json:"probe_until"`
-	Version     int64    `json:"version"`
-	UpdatedAt   jsonTime `json:"updated_at"`
+	// The counts of the current counting period (breaker.Options.Interval
+	// in the closed state; since turning half-open in the half-open one).
+	Successes            int64    `json:"successes"`
+	TotalFailures        int64    `json:"total_failures"`
+	ConsecutiveSuccesses int64    `json:"consecutive_successes"`
+	IntervalStart        jsonTime `json:"interval_start"`
+	Probes               int64    `json:"probes"`
+	ProbeOwner           string   `json:"probe_owner"`
+	ProbeUntil           jsonTime `json:"probe_until"`
+	Version              int64    `json:"version"`
+	UpdatedAt            jsonTime `json:"updated_at"`
 	// Recorded is false for a circuit without a record (breaker show),
 	// which is closed.
 	Recorded bool `json:"recorded"`
@@ -103,7 +112,10 @@ func toCircuitJSON(r driver.CircuitRecord) circuitJSON {
 	return circuitJSON{
 		Name: r.Name, State: string(r.State), Failures: r.Failures,
 		LastFailure: jsonTime(r.LastFailure), LastSuccess: jsonTime(r.LastSuccess),
-		OpenedAt: jsonTime(r.OpenedAt), ProbeOwner: r.ProbeOwner, ProbeUntil: jsonTime(r.ProbeUntil),
+		OpenedAt:  jsonTime(r.OpenedAt),
+		Successes: r.Successes, TotalFailures: r.TotalFailures,
+		ConsecutiveSuccesses: r.ConsecutiveSuccesses, IntervalStart: jsonTime(r.IntervalStart),
+		Probes: r.Probes, ProbeOwner: r.ProbeOwner, ProbeUntil: jsonTime(r.ProbeUntil),
 		Version: r.Version, UpdatedAt: jsonTime(r.UpdatedAt), Recorded: true,
 	}
 }
@@ -150,6 +162,11 @@ func (c *cli) printCircuit(r driver.CircuitRecord, recorded bool) error {
 		{"last_failure", tableTime(r.LastFailure)},
 		{"last_success", tableTime(r.LastSuccess)},
 		{"opened_at", tableTime(r.OpenedAt)},
+		{"successes", strconv.FormatInt(r.Successes, 10)},
+		{"total_failures", strconv.FormatInt(r.TotalFailures, 10)},
+		{"consecutive_successes", strconv.FormatInt(r.ConsecutiveSuccesses, 10)},
+		{"interval_start", tableTime(r.IntervalStart)},
+		{"probes", strconv.FormatInt(r.Probes, 10)},
 		{"probe_owner", cell(r.ProbeOwner)},
 		{"probe_until", tableTime(r.ProbeUntil)},
 		{"version", strconv.FormatInt(r.Version, 10)},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,7 +13,7 @@ import (
 	"github.com/warden-go/warden/driver"
 )
 
-var circuitFields = []string{"name", "state", "failures", "last_failure", "last_success", "opened_at", "probe_owner", "probe_until", "version", "updated_at", "recorded"}
+var circuitFields = []string{"name", "state", "failures", "last_failure", "last_success", "opened_at", "successes", "total_failures", "consecutive_successes", "interval_start", "probes", "probe_owner", "probe_until", "version", "updated_at", "recorded"}
 
 func TestBreakerCommands(t *testing.T) {
 	eachStore(t, func(t *testing.T, url string) {
@@ -34,7 +35,8 @@ func TestBreakerCommands(t *testing.T) {
 		want(t, r, 0)
 		wantLines(t, r,
 			`name: +pay-api`, `state: +closed`, `failures: +2`, `last_failure: +`+rfc3339ms, `last_success: +-`,
-			`opened_at: +-`, `probe_owner: +-`, `probe_until: +-`, `version: +\d+`, `updated_at: +`+rfc3339ms)
+			`opened_at: +-`, `successes: +0`, `total_failures: +2`, `consecutive_successes: +0`,
+			`interval_start: +(-|`+rfc3339ms+`)`, `probes: +0`, `probe_owner: +-`, `probe_until: +-`, `version: +\d+`, `updated_at: +`+rfc3339ms)
 
 		// open: exit 0 and the new record; show then exits 3.
 		r = invoke(t, "", "--store", url, "-o", "json", "breaker", "open", "pay-api")
@@ -55,13 +57,13 @@ func TestBreakerCommands(t *testing.T) {
 			t.Fatalf("show open: %+v", c)
 		}
 		r = invoke(t, "", "--store", url, "breaker", "show", "pay-api")
-		if r.code != exitHeld || !strings.Contains(r.stdout, "state:        open") {
+		if r.code != exitHeld || !regexp.MustCompile(`(?m)^state: +open$`).MatchString(r.stdout) {
 			t.Fatalf("show open, table: %s", r)
 		}
 
 		r = invoke(t, "", "--store", url, "breaker", "close", "pay-api")
 		want(t, r, 0)
-		if !strings.Contains(r.stdout, "state:        closed") || !strings.Contains(r.stdout, "failures:     0") {
+		if !regexp.MustCompile(`(?m)^state: +closed$`).MatchString(r.stdout) || !regexp.MustCompile(`(?m)^failures: +0$`).MatchString(r.stdout) {
 			t.Fatalf("breaker close: %s", r)
 		}
 		if rec, _, _ := st.Circuits().Get(ctx, "pay-api"); rec.State != driver.Closed {
@@ -451,7 +453,7 @@ func TestMigratePingVersion(t *testing.T) {
 	})
 	r := invoke(t, "", "version")
 	want(t, r, 0)
-	wantLines(t, r, `warden: +\S+`, `go: +go1\.\S+`, `platform: +\w+/\w+`, `stores: +dynamodb, memory, mongodb, mongodb\+srv, mysql, sqlite`)
+	wantLines(t, r, `warden: +\S+`, `go: +go1\.\S+`, `platform: +\w+/\w+`, `stores: +dynamodb, memory, mongodb, mongodb\+srv, mysql, postgres, postgresql, redis, rediss, sqlite, unix$`)
 	r = invoke(t, "", "-o", "json", "version")
 	want(t, r, 0)
 	wantKeys(t, r.stdout, "version", "go", "platform", "stores")

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -142,7 +143,7 @@ func TestE2EStoreURLMessages(t *testing.T) {
 	r := runWarden(t, nil, "--store", "not a url", "ping")
 	want(t, r, exitUsage)
 	oneErrorLine(t, r)
-	if !strings.Contains(r.stderr, "needs a scheme") || !strings.Contains(r.stderr, "registered schemes are dynamodb, memory, mongodb, mongodb+srv, mysql, sqlite") || strings.Contains(r.stderr, `scheme ""`) {
+	if !strings.Contains(r.stderr, "needs a scheme") || !strings.Contains(r.stderr, "registered schemes are dynamodb, memory, mongodb, mongodb+srv, mysql, postgres, postgresql, redis, rediss, sqlite, unix") || strings.Contains(r.stderr, `scheme ""`) {
 		t.Fatalf("no scheme: %s", r)
 	}
 	dir := t.TempDir()
@@ -186,7 +187,7 @@ func TestE2EBreakerCloseUnknown(t *testing.T) {
 	want(t, runWarden(t, nil, "--store", url, "breaker", "show", "payments"), exitHeld)
 	r = runWarden(t, nil, "--store", url, "breaker", "close", "payments")
 	want(t, r, 0)
-	if !strings.Contains(r.stdout, "state:        closed") {
+	if !regexp.MustCompile(`(?m)^state: +closed$`).MatchString(r.stdout) {
 		t.Fatalf("breaker close payments: %s", r)
 	}
 	want(t, runWarden(t, nil, "--store", url, "breaker", "show", "payments"), 0)
