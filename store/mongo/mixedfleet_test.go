@@ -280,8 +280,9 @@ func TestMixedFleetMigrate(t *testing.T) {
 	})
 	t.Run("RefusesDuplicateKeys", func(t *testing.T) {
 		// Two records with one key (the adapter's upsert races without
-		// its unique index) cannot get the unique index: Migrate says
-		// which collection and index, and the store does not open.
+		// its unique index) cannot get a unique index: Migrate says which
+		// collection, index and key before changing anything, and the
+		// store does not open.
 		db, _ := mixedDB(t)
 		for range 2 {
 			if _, err := db.Collection(mongo.DefaultCacheCollection).InsertOne(ctx, bson.D{{Key: "key", Value: mixedPrefix + "cache:dup"}, {Key: "value", Value: 1}}); err != nil {
@@ -289,8 +290,16 @@ func TestMixedFleetMigrate(t *testing.T) {
 			}
 		}
 		_, err := mongo.New(db, &mongo.Options{Prefix: mixedPrefix, DisableEvents: true})
-		if err == nil || !strings.Contains(err.Error(), mongo.DefaultCacheCollection) || !strings.Contains(err.Error(), "key_1") {
-			t.Fatalf("Migrate on duplicate keys: %v, want an error naming %s and key_1", err, mongo.DefaultCacheCollection)
+		if err == nil || !strings.Contains(err.Error(), mongo.DefaultCacheCollection) || !strings.Contains(err.Error(), "cache:dup") ||
+			!strings.Contains(err.Error(), "nothing was changed") {
+			t.Fatalf("Migrate on duplicate keys: %v, want an error naming %s and the key", err, mongo.DefaultCacheCollection)
+		}
+		// Refused before changing anything: no index was created, on the
+		// cache nor on the collections migrated before it.
+		for _, c := range []string{mongo.DefaultLocksCollection, mongo.DefaultCacheCollection} {
+			if names := indexNames(t, db.Collection(c)); len(names) > 1 {
+				t.Errorf("%s: indexes %v after a refused Migrate", c, names)
+			}
 		}
 	})
 }

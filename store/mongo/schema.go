@@ -118,16 +118,29 @@ func (s *store) Migrate(ctx context.Context) error {
 	}
 	have := map[string]map[string]bool{} // collection → index names present
 	for _, ix := range s.indexes() {
-		names, ok := have[ix.coll.Name()]
-		if !ok {
-			names = map[string]bool{}
-			have[ix.coll.Name()] = names
-			if specs, err := ix.coll.Indexes().ListSpecifications(ctx); err == nil {
-				for _, sp := range specs {
-					names[sp.Name] = true
-				}
+		if _, ok := have[ix.coll.Name()]; ok {
+			continue
+		}
+		names := map[string]bool{}
+		have[ix.coll.Name()] = names
+		if specs, err := ix.coll.Indexes().ListSpecifications(ctx); err == nil {
+			for _, sp := range specs {
+				names[sp.Name] = true
 			}
 		}
+	}
+	// Before changing anything: a unique index to create on records
+	// another program wrote (the go-go-scope adapter's, say) must find no
+	// duplicates.
+	for _, ix := range s.indexes() {
+		if ix.unique && !have[ix.coll.Name()][ix.name] {
+			if err := s.noDuplicates(ctx, ix); err != nil {
+				return err
+			}
+		}
+	}
+	for _, ix := range s.indexes() {
+		names := have[ix.coll.Name()]
 		if names[ix.name] {
 			continue // present: creating it again would be a write for nothing
 		}
@@ -169,6 +182,39 @@ func (s *store) Migrate(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// noDuplicates refuses, naming the collection, the index and the value,
+// records that share the keys of unique index ix: one aggregation that
+// groups the collection by those keys (run only while the index is
+// missing, so once per database).
+func (s *store) noDuplicates(ctx context.Context, ix index) error {
+	group := bson.D{}
+	for _, k := range ix.keys {
+		group = append(group, bson.E{Key: k.Key, Value: "$" + k.Key})
+	}
+	pipe := mongo.Pipeline{
+		{{Key: "$group", Value: bson.D{{Key: "_id", Value: group}, {Key: "n", Value: bson.D{{Key: "$sum", Value: 1}}}}}},
+		{{Key: "$match", Value: bson.D{{Key: "n", Value: bson.D{{Key: "$gt", Value: 1}}}}}},
+		{{Key: "$limit", Value: 1}},
+	}
+	cur, err := ix.coll.Aggregate(ctx, pipe)
+	if err != nil {
+		return ctxErr(ctx, fmt.Errorf("mongo: looking for duplicates before creating index %s on %s: %w", ix.name, ix.coll.Name(), err))
+	}
+	defer cur.Close(context.WithoutCancel(ctx))
+	var dup struct {
+		ID bson.Raw `bson:"_id"`
+		N  int64    `bson:"n"`
+	}
+	if cur.Next(ctx) {
+		if err := cur.Decode(&dup); err != nil {
+			return err
+		}
+		return fmt.Errorf("mongo: cannot adopt collection %s: %d records share %s, which the unique index %s needs unique (records another program wrote); remove all but one, then migrate again (nothing was changed)",
+			ix.coll.Name(), dup.N, dup.ID, ix.name)
+	}
+	return ctxErr(ctx, cur.Err())
 }
 
 // migrateEvents creates the capped event collection and its first
