@@ -11,7 +11,7 @@ import (
 	"github.com/warden-go/warden/driver"
 )
 
-// A lock record is a hash: o owner (absent once released), t token,
+// A lock record is a hash: o owner (empty once released), t token,
 // a acquired at, e expires at (Unix ms, server clock). The record outlives
 // its holdings, so the next holding's token continues from t; a record
 // lost to its retention or to eviction restarts from the clock
@@ -28,21 +28,22 @@ local function publish(kind, owner, tok)
 end
 `
 
-// acquire: ARGV[4] owner, ARGV[5] ttl ms. Reply {acquired, owner, token,
-// acquired at, expires at}.
+// acquire: ARGV[4] owner, ARGV[5] ttl ms. Reply {acquired, token,
+// acquired at, expires at[, holder]}: numbers (exact below 2^53), and the
+// holder's name only when it is not the caller.
 var lockAcquire = newScript(lockEvent + `
 local r = redis.call('HMGET', KEYS[1], 'o', 't', 'a', 'e')
 local ttl = tonumber(ARGV[5])
 local ret = tonumber(ARGV[3])
 local e = tonumber(r[4])
-if r[1] and e > now then
+if r[1] and r[1] ~= '' and e > now then
 	if r[1] ~= ARGV[4] then
-		return {0, r[1], r[2], r[3], r[4]}
+		return {0, tonumber(r[2]), tonumber(r[3]), e, r[1]}
 	end
 	e = now + ttl
 	redis.call('HSET', KEYS[1], 'e', fmt(e))
 	redis.call('PEXPIREAT', KEYS[1], fmt(e + ret))
-	return {1, r[1], r[2], r[3], fmt(e)}
+	return {1, tonumber(r[2]), tonumber(r[3]), e}
 end
 local tok = now * 4096
 local old = tonumber(r[2])
@@ -51,7 +52,7 @@ e = now + ttl
 redis.call('HSET', KEYS[1], 'o', ARGV[4], 't', fmt(tok), 'a', fmt(now), 'e', fmt(e))
 redis.call('PEXPIREAT', KEYS[1], fmt(e + ret))
 publish(1, ARGV[4], tok)
-return {1, ARGV[4], fmt(tok), fmt(now), fmt(e)}
+return {1, tok, now, e}
 `)
 
 // refresh: ARGV[4] owner, ARGV[5] token, ARGV[6] ttl ms.
@@ -63,14 +64,14 @@ end
 local e = now + tonumber(ARGV[6])
 redis.call('HSET', KEYS[1], 'e', fmt(e))
 redis.call('PEXPIREAT', KEYS[1], fmt(e + tonumber(ARGV[3])))
-return {1, r[1], r[2], r[3], fmt(e)}
+return {1, tonumber(r[2]), tonumber(r[3]), e}
 `)
 
 // release: ARGV[4] owner, ARGV[5] token; expired or not. force: ARGV[4]
 // is empty and only a live holding is ended.
 var lockRelease = newScript(lockEvent + `
 local r = redis.call('HMGET', KEYS[1], 'o', 't', 'e')
-if not r[1] then return 0 end
+if not r[1] or r[1] == '' then return 0 end
 local e = tonumber(r[3])
 if ARGV[4] == '' then
 	if e <= now then return 0 end
@@ -78,18 +79,18 @@ elseif r[1] ~= ARGV[4] or r[2] ~= ARGV[5] then
 	return 0
 end
 if e > now then e = now end
-redis.call('HDEL', KEYS[1], 'o')
-redis.call('HSET', KEYS[1], 'e', fmt(e))
+redis.call('HSET', KEYS[1], 'o', '', 'e', fmt(e))
 redis.call('PEXPIREAT', KEYS[1], fmt(now + tonumber(ARGV[3])))
 publish(2, r[1], tonumber(r[2]))
 return 1
 `)
 
-// get: the live holding or {0}.
+// get: the live holding {1, token, acquired at, expires at, holder} or
+// {0}.
 var lockGet = newScript(`
 local r = redis.call('HMGET', KEYS[1], 'o', 't', 'a', 'e')
-if not r[1] or tonumber(r[4]) <= now then return {0} end
-return {1, r[1], r[2], r[3], r[4]}
+if not r[1] or r[1] == '' or tonumber(r[4]) <= now then return {0} end
+return {1, tonumber(r[2]), tonumber(r[3]), tonumber(r[4]), r[1]}
 `)
 
 // locks is the store's lock driver.
@@ -98,21 +99,27 @@ type locks store
 func (l *locks) s() *store { return (*store)(l) }
 
 func (l *locks) args(key string, more ...any) []any {
-	return append([]any{l.channel, key, l.retention}, more...)
+	a := make([]any, 3, 3+len(more))
+	a[0], a[1], a[2] = l.channel, key, l.retention
+	return append(a, more...)
 }
 
-// lockReply decodes {ok, owner, token, acquired at, expires at}.
-func lockReply(op, key string, v any) (driver.LockRecord, bool, error) {
+// lockReply decodes {ok, token, acquired at, expires at[, holder]}; the
+// holder is owner when the reply does not name one.
+func lockReply(op, key, owner string, v any) (driver.LockRecord, bool, error) {
 	a, ok := v.([]any)
 	if !ok || len(a) == 0 {
 		return driver.LockRecord{}, false, errReply(op, v)
 	}
-	if len(a) < 5 {
+	if len(a) < 4 {
 		return driver.LockRecord{}, false, nil
 	}
+	if len(a) > 4 {
+		owner = rStr(a[4])
+	}
 	return driver.LockRecord{
-		Key: key, Owner: rStr(a[1]), Token: rInt(a[2]),
-		AcquiredAt: ms(rInt(a[3])), ExpiresAt: ms(rInt(a[4])),
+		Key: key, Owner: owner, Token: rInt(a[1]),
+		AcquiredAt: ms(rInt(a[2])), ExpiresAt: ms(rInt(a[3])),
 	}, rInt(a[0]) == 1, nil
 }
 
@@ -122,7 +129,7 @@ func (l *locks) Acquire(ctx context.Context, key, owner string, ttl time.Duratio
 	if err != nil {
 		return driver.LockRecord{}, false, err
 	}
-	return lockReply("acquire", key, v)
+	return lockReply("acquire", key, owner, v)
 }
 
 // Refresh implements driver.Locks.
@@ -131,7 +138,7 @@ func (l *locks) Refresh(ctx context.Context, key, owner string, token int64, ttl
 	if err != nil {
 		return driver.LockRecord{}, false, err
 	}
-	return lockReply("refresh", key, v)
+	return lockReply("refresh", key, owner, v)
 }
 
 // Release implements driver.Locks.
@@ -152,7 +159,7 @@ func (l *locks) Get(ctx context.Context, key string) (driver.LockRecord, bool, e
 	if err != nil {
 		return driver.LockRecord{}, false, err
 	}
-	rec, _, err := lockReply("get", key, v)
+	rec, _, err := lockReply("get", key, "", v)
 	return rec, rec.Owner != "", err
 }
 
@@ -162,7 +169,7 @@ func (l *locks) List(ctx context.Context, p driver.Pattern) ([]driver.LockRecord
 	s := l.s()
 	var out []driver.LockRecord
 	err := s.scanRead(ctx, kindLock, p, lockGet, nil, func(key string, v any) error {
-		rec, _, err := lockReply("list", key, v)
+		rec, _, err := lockReply("list", key, "", v)
 		if err == nil && rec.Owner != "" {
 			out = append(out, rec)
 		}
