@@ -234,12 +234,22 @@ func (l locks) Release(ctx context.Context, key, owner string, token int64) (boo
 		item{":o": vS(owner), ":t": vN(token)})
 }
 
-// ForceRelease implements driver.Locks: one conditional UpdateItem.
+// ForceRelease implements driver.Locks: one conditional UpdateItem. A
+// live holding of the go-go-scope layout (no expiresAtMs) is deleted
+// instead, with one conditional DeleteItem, as that layout releases: kept
+// and marked released, its small version would be the base of the next
+// token.
 func (l locks) ForceRelease(ctx context.Context, key string) (bool, error) {
-	return l.s.endLock(ctx, "force-releasing lock", key,
-		"attribute_exists(#pk) AND attribute_not_exists(#releasedAt) AND "+
-			"(#expiresAtMs > :now OR (attribute_not_exists(#expiresAtMs) AND #expiresAt > :nowSec))",
+	s := l.s
+	ok, err := s.endLock(ctx, "force-releasing lock", key,
+		"attribute_exists(#pk) AND attribute_not_exists(#releasedAt) AND #expiresAtMs > :now", item{})
+	if err != nil || ok {
+		return ok, err
+	}
+	_, failed, err := s.del(ctx, "force-releasing lock", s.lockPfx+key, metaSK,
+		"attribute_exists(#pk) AND attribute_not_exists(#expiresAtMs) AND attribute_not_exists(#releasedAt) AND #expiresAt > :nowSec",
 		item{":nowSec": vN(nowMs() / 1000)})
+	return err == nil && !failed, err
 }
 
 // Get implements driver.Locks: one consistent GetItem.

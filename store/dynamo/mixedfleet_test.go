@@ -194,8 +194,9 @@ func TestMixedFleetLocks(t *testing.T) {
 	if ok, err := lk.ForceRelease(ctx, "f"); err != nil || !ok {
 		t.Fatalf("ForceRelease of a layout holding: %v %v", ok, err)
 	}
-	if _, ok, err := lk.Acquire(ctx, "f", "warden-6", time.Minute); err != nil || !ok {
-		t.Fatalf("acquire after ForceRelease: %v %v", ok, err)
+	before = driver.TokenBase(time.Now())
+	if rec, ok, err := lk.Acquire(ctx, "f", "warden-6", time.Minute); err != nil || !ok || rec.Token < before {
+		t.Fatalf("acquire after ForceRelease: %+v %v %v, want a token of at least %d", rec, ok, err, before)
 	}
 }
 
