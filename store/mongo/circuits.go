@@ -340,21 +340,106 @@ func (c circuits) TryProbe(ctx context.Context, name, owner string, openFor, lea
 	return c.TryProbes(ctx, name, owner, openFor, lease, 1)
 }
 
-// TryProbes implements driver.Circuits: one update per way of granting a
-// slot (open and due; the newest holder again; a free slot among live
-// ones; every slot lapsed), with disjoint filters; when none matches, one
-// read tells why.
+// TryProbes implements driver.Circuits. There are four ways of granting a
+// slot, each one conditional update with a filter of its own (open and
+// due; the newest holder again; a free slot among live ones; every slot
+// lapsed). The first — an open circuit's first probe, the common case — is
+// tried at once: one round trip. When it matches nothing, one read of the
+// circuit tells which of the others can apply, and only that one is tried
+// (a refusal costs two round trips); if the circuit changed in between,
+// the store starts over, and gives up after its tries with ErrBusy.
 func (c circuits) TryProbes(ctx context.Context, name, owner string, openFor, lease time.Duration, maxProbes int) (driver.CircuitRecord, bool, error) {
 	s := c.s
 	sk := s.circPfx + name
-	t := now()
-	due := t.Add(-time.Duration(driver.Millis(openFor)) * time.Millisecond)
-	until := after(t, lease)
+	try := func(st step, t time.Time) (driver.CircuitRecord, bool, error) {
+		var d circDoc
+		err := s.circs.FindOneAndUpdate(ctx, append(s.nsKey(sk), st.filter...), st.update, circAfter).Decode(&d)
+		if err == nil {
+			s.emitCircuit(ctx, sk, &d, t)
+			return d.record(name), true, nil
+		}
+		if !errors.Is(err, mongo.ErrNoDocuments) {
+			return driver.CircuitRecord{}, false, ctxErr(ctx, err)
+		}
+		return driver.CircuitRecord{}, false, nil
+	}
+	for range s.tries {
+		t := now()
+		due := t.Add(-time.Duration(driver.Millis(openFor)) * time.Millisecond)
+		steps := probeSteps(owner, t, due, after(t, lease), maxProbes)
+		if rec, ok, err := try(steps.due, t); ok || err != nil {
+			return rec, ok, err
+		}
+		var cur circDoc
+		err := s.circs.FindOne(ctx, s.nsKey(sk)).Decode(&cur)
+		if errors.Is(err, mongo.ErrNoDocuments) {
+			return driver.CircuitRecord{Name: name, State: driver.Closed}, false, nil
+		}
+		if err != nil {
+			return driver.CircuitRecord{}, false, ctxErr(ctx, err)
+		}
+		var next *step
+		live := cur.ProbeUntil != nil && cur.ProbeUntil.After(t)
+		switch driver.CircuitState(cur.State) {
+		case driver.Open:
+			// Not due when the first step ran; due now means it became due
+			// in between: start over.
+			if at := openedAtOf(&cur); at == nil || at.After(due) {
+				return cur.record(name), false, nil
+			}
+		case driver.HalfOpen:
+			switch {
+			case live && cur.ProbeOwner != nil && *cur.ProbeOwner == owner:
+				next = &steps.again
+			case live && cur.Probes < int64(maxProbes):
+				next = &steps.free
+			case !live:
+				next = &steps.lapsed
+			default:
+				return cur.record(name), false, nil
+			}
+		default:
+			return cur.record(name), false, nil
+		}
+		if next != nil {
+			s.raced("probe")
+			if rec, ok, err := try(*next, t); ok || err != nil {
+				return rec, ok, err
+			}
+		}
+		if err := ctx.Err(); err != nil {
+			return driver.CircuitRecord{}, false, err
+		}
+	}
+	return driver.CircuitRecord{}, false, s.busy("granting a probe", name)
+}
+
+// openedAtOf is when an open circuit opened, as TryProbes' first step
+// judges it: openedAt; for a circuit the go-go-scope adapter opened (no
+// openedAt), its last failure or, without one, its last update.
+func openedAtOf(d *circDoc) *time.Time {
+	switch {
+	case d.OpenedAt != nil:
+		return d.OpenedAt
+	case d.LastFailure != nil:
+		return d.LastFailure
+	}
+	return d.UpdatedAt
+}
+
+// probeStepSet holds TryProbes' four ways of granting a slot, their
+// filters disjoint.
+type probeStepSet struct{ due, again, free, lapsed step }
+
+// probeSteps returns the ways of granting owner a slot at time t, for a
+// circuit due if it opened at or before due, the slots lasting until
+// until, at most maxProbes live at once.
+func probeSteps(owner string, t, due, until time.Time, maxProbes int) probeStepSet {
 	grant := set("probeOwner", owner, "probeUntil", until, "updatedAt", t)
 	halfOpen := set("state", string(driver.HalfOpen))
 	live := set("probeUntil", set("$gt", t))
-	steps := []step{
-		{
+	return probeStepSet{
+		due: step{
 			filter: set("$or", bson.A{
 				set("state", string(driver.Open), "openedAt", set("$lte", due)),
 				// A circuit the go-go-scope adapter opened has no openedAt: it
@@ -365,32 +450,19 @@ func (c circuits) TryProbes(ctx context.Context, name, owner string, openFor, le
 			update: bson.D{{Key: "$set", Value: cat(set("state", string(driver.HalfOpen), "probes", int64(1)), countsReset, grant)},
 				{Key: "$inc", Value: set("version", int64(1))}},
 		},
-		{
+		again: step{
 			filter: cat(halfOpen, live, set("probeOwner", owner)),
 			update: bson.D{{Key: "$set", Value: grant}, {Key: "$max", Value: set("probes", int64(1))}, {Key: "$inc", Value: set("version", int64(1))}},
 		},
-		{
+		free: step{
 			filter: cat(halfOpen, live, set("probeOwner", set("$ne", owner)), set("probes", set("$not", set("$gte", int64(maxProbes))))),
 			update: bson.D{{Key: "$set", Value: grant}, {Key: "$inc", Value: set("probes", int64(1), "version", int64(1))}},
 		},
-		{
+		lapsed: step{
 			filter: cat(halfOpen, set("probeUntil", set("$not", set("$gt", t)))),
 			update: bson.D{{Key: "$set", Value: cat(set("probes", int64(1)), grant)}, {Key: "$inc", Value: set("version", int64(1))}},
 		},
 	}
-	for _, st := range steps {
-		var d circDoc
-		err := s.circs.FindOneAndUpdate(ctx, append(s.nsKey(sk), st.filter...), st.update, circAfter).Decode(&d)
-		if err == nil {
-			s.emitCircuit(ctx, sk, &d, t)
-			return d.record(name), true, nil
-		}
-		if !errors.Is(err, mongo.ErrNoDocuments) {
-			return driver.CircuitRecord{}, false, ctxErr(ctx, err)
-		}
-	}
-	rec, _, err := c.Get(ctx, name)
-	return rec, false, err
 }
 
 // Get implements driver.Circuits. An absent circuit reads as closed.

@@ -113,20 +113,51 @@ func TestGiveUp(t *testing.T) {
 						return
 					}
 					// Before each conditional step the circuit changes
-					// state: open under the step for closed circuits,
-					// closed under the step for open ones.
+					// state away from the one that step applies to. A
+					// success's steps are tried in the order closed,
+					// half-open, open: the circuit turns open under the
+					// first, closed under the second, half-open under the
+					// third.
 					steps++
-					state := driver.Open
-					if steps%2 == 0 {
-						state = driver.Closed
-					}
+					state := [...]driver.CircuitState{driver.HalfOpen, driver.Open, driver.Closed}[steps%3]
 					upsert(t, coll, id, bson.D{{Key: "key", Value: id}, {Key: "namespace", Value: prefix},
 						{Key: "state", Value: string(state)}, {Key: "failureCount", Value: int64(0)}, {Key: "version", Value: int64(steps)}})
 				})
 				rec, err := st.Driver().Circuits().RecordSuccess(t.Context(), "c", driver.AnyGeneration)
-				checkGaveUp(t, err, "c", steps/2)
+				checkGaveUp(t, err, "c", steps/3)
 				if rec != (driver.CircuitRecord{}) {
 					t.Errorf("a give-up returned the record %+v, want none", rec)
+				}
+			})
+			t.Run("Circuits.TryProbes", func(t *testing.T) {
+				st, prefix, db := open(t)
+				coll := db.Collection(mongo.DefaultCircuitsCollection)
+				id := prefix + "circuit:c"
+				// A half-open circuit whose slots turn from live with one
+				// free to lapsed and back before every grant the store
+				// chose from its read: the chosen way never applies.
+				slots := func(until time.Time) {
+					upsert(t, coll, id, bson.D{{Key: "key", Value: id}, {Key: "namespace", Value: prefix},
+						{Key: "state", Value: string(driver.HalfOpen)}, {Key: "probeOwner", Value: "p"},
+						{Key: "probeUntil", Value: until}, {Key: "probes", Value: int64(1)}, {Key: "version", Value: int64(1)}})
+				}
+				slots(time.Now().Add(time.Hour))
+				flips := 0
+				mongo.SetRace(st, func(site string) {
+					if site != "probe" {
+						return
+					}
+					flips++
+					if flips%2 == 1 {
+						slots(time.Now().Add(-time.Hour))
+					} else {
+						slots(time.Now().Add(time.Hour))
+					}
+				})
+				rec, granted, err := st.Driver().Circuits().TryProbes(t.Context(), "c", "q", time.Minute, time.Minute, 2)
+				checkGaveUp(t, err, "c", flips)
+				if granted || rec != (driver.CircuitRecord{}) {
+					t.Errorf("a give-up returned granted=%v and the record %+v, want none", granted, rec)
 				}
 			})
 			// Cache.Set and Idempotency.Set upsert by _id and retry on a
