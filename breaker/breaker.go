@@ -264,7 +264,9 @@ type Options struct {
 	// non-nil error is a failure. Either way, context.Canceled and
 	// context.DeadlineExceeded returned while the caller's ctx is done are
 	// neither failures nor successes: the caller gave up, the dependency
-	// did not fail. A panic in fn is a failure (and is re-raised).
+	// did not fail. A panic in fn is a failure (and is re-raised), and so
+	// is a panic in IsFailure: the call is recorded as a failure, then the
+	// panic goes on from Do in the caller's goroutine.
 	IsFailure func(err error) bool
 	// SyncInterval is the longest the Breaker trusts its local view before
 	// reading the shared record again, on stores without circuit
@@ -294,7 +296,8 @@ type Options struct {
 	// Breaker that first finds its circuit open reports Closed → Open.
 	// Calls are made one at a time, in order, without any lock held, from
 	// whichever goroutine observed the change; the function should be
-	// quick and must not call Close.
+	// quick and must not call Close. A panic in it is logged (to the
+	// store's logger) and goes no further.
 	OnStateChange func(name string, from, to State)
 	// Owner identifies this Breaker as prober in the shared record. A
 	// random suffix per Breaker and a number per probe are added, so two
@@ -523,8 +526,11 @@ func Call[T any](ctx context.Context, b *Breaker, fn func(ctx context.Context) (
 		}
 	}()
 	v, err := fn(ctx)
+	// classify runs IsFailure: a panic in it is also a failure (the
+	// deferred finish records it), and the panic goes on from Call.
+	out := b.classify(ctx, err)
 	returned = true
-	b.finish(ctx, t, b.classify(ctx, err))
+	b.finish(ctx, t, out)
 	return v, err
 }
 
@@ -1113,26 +1119,31 @@ func (b *Breaker) unlock() {
 		return
 	}
 	b.delivering = true
-	done := false
-	defer func() {
-		if !done { // OnStateChange panicked
-			b.mu.Lock()
-			b.delivering = false
-			b.mu.Unlock()
-		}
-	}()
 	for len(b.pending) > 0 {
 		batch := b.pending
 		b.pending = nil
 		b.mu.Unlock()
 		for _, tr := range batch {
-			b.onChange(b.name, tr.from, tr.to)
+			b.stateChanged(tr)
 		}
 		b.mu.Lock()
 	}
 	b.delivering = false
 	b.mu.Unlock()
-	done = true
+}
+
+// stateChanged calls OnStateChange; a panic in it is logged and goes no
+// further. The call may be made from a goroutine of the Breaker's own (an
+// outcome write, the notification watcher), where a panic would end the
+// process, or from a caller's in the middle of the Breaker's bookkeeping
+// (a probe slot just granted), which a panic would leave unfinished.
+func (b *Breaker) stateChanged(tr transition) {
+	defer func() {
+		if r := recover(); r != nil {
+			b.log.Error("breaker: OnStateChange panicked", "circuit", b.name, "from", string(tr.from), "to", string(tr.to), "panic", r)
+		}
+	}()
+	b.onChange(b.name, tr.from, tr.to)
 }
 
 func (b *Breaker) storeFailedLocked(err error) {
