@@ -78,7 +78,9 @@
 // ErrStoreTimeout). Outcomes are written by a goroutine of the Breaker's
 // own; the caller waits for the write only within its budget, and a write
 // it stopped waiting for still lands when the store answers (Close waits
-// for it).
+// for it). Such a write is a store failure too: its failure counts on the
+// local view at once, and the store counts as unreachable until the write
+// ends, whatever reads return meanwhile.
 //
 // While the store is unreachable the Breaker keeps working on its local
 // view and counts the store errors in Stats. By default it fails open:
@@ -87,7 +89,8 @@
 // a time through as a probe. With FailClosed every call is rejected (with
 // an error matching ErrOpen that wraps the store error) until the store
 // answers again. Failures counted while the store was unreachable are not
-// replayed: once the store answers, its record is the truth again. The
+// replayed: once the store answers (and the writes it owes have ended),
+// its record is the truth again. The
 // Breaker logs one warning per outage to the store's logger.
 package breaker
 
@@ -374,11 +377,17 @@ type Breaker struct {
 	storeErr  error
 	probing   int    // probes of this Breaker running
 	chain     string // a probe slot id an inconclusive probe left to reuse
-	localFail int64  // failures counted locally since the last record
-	unflushed int64  // closed-state successes not yet written (ReadyToTrip)
+	localFail int64  // failures of the local view not in the last record
+	// pendingFail counts the failures of localFail whose writes are in
+	// flight (late writes): the store will apply them, so a record that
+	// does not have them yet must not erase them.
+	pendingFail int64
+	unflushed   int64 // closed-state successes not yet written (ReadyToTrip)
 
-	writers int           // outcome writes in flight
-	drained chan struct{} // closed when writers drops to 0
+	writers  int           // outcome writes in flight
+	drained  chan struct{} // closed when writers drops to 0
+	inflight []*outWrite   // outcome writes in flight, in the order issued
+	late     int           // writes of inflight that outlasted their caller's budget
 
 	started bool // the watcher was started
 	closed  bool
@@ -821,7 +830,7 @@ func (b *Breaker) succeeded(ctx context.Context, t ticket) {
 			return
 		}
 		if b.storeDown || b.writers >= maxPendingWrites {
-			b.fails = 0
+			b.forgetFailuresLocked()
 			b.mu.Unlock()
 			return
 		}
@@ -840,7 +849,7 @@ func (b *Breaker) succeeded(ctx context.Context, t ticket) {
 
 	b.write(ctx, func(wctx context.Context) (driver.CircuitRecord, error) {
 		return b.circ.RecordOutcome(wctx, b.name, o)
-	}, func(wctx context.Context, rec driver.CircuitRecord, err error) {
+	}, func(wctx context.Context, rec driver.CircuitRecord, err error, w *outWrite) {
 		if t.kind == normalCall {
 			b.resetting = false
 		} else {
@@ -849,12 +858,16 @@ func (b *Breaker) succeeded(ctx context.Context, t ticket) {
 		if err != nil {
 			b.storeFailedLocked(b.storeErrLocked(wctx, err))
 			// The local view closes (or stays closed) and forgets failures.
-			b.fails = 0
+			b.forgetFailuresLocked()
 			b.setStateLocked(Closed)
 			return
 		}
 		b.storeOKLocked()
 		b.applyLocked(rec, start, fromWrite)
+	}, func(w *outWrite) {
+		if t.kind == normalCall {
+			b.forgetFailuresLocked()
+		}
 	})
 }
 
@@ -889,7 +902,7 @@ func (b *Breaker) failed(ctx context.Context, t ticket) {
 			return rec, err
 		}
 		return b.tripIfReady(wctx, rec, t.gen)
-	}, func(wctx context.Context, rec driver.CircuitRecord, err error) {
+	}, func(wctx context.Context, rec driver.CircuitRecord, err error, w *outWrite) {
 		if t.kind == probeCall {
 			b.probing--
 		}
@@ -899,11 +912,21 @@ func (b *Breaker) failed(ctx context.Context, t ticket) {
 				b.openLocallyLocked(time.Now())
 				return
 			}
-			b.countLocallyLocked()
+			if !w.late { // a late failure was counted when it became late
+				b.countLocallyLocked()
+			}
 			return
 		}
 		b.storeOKLocked()
 		b.applyLocked(rec, start, fromWrite)
+	}, func(w *outWrite) {
+		if t.kind == normalCall && b.state == Closed {
+			// Counted now, so that the policy applies to it; the store
+			// will have it too once the write lands.
+			w.counted = true
+			b.pendingFail++
+			b.countLocallyLocked()
+		}
 	})
 }
 
@@ -913,32 +936,86 @@ func (b *Breaker) failed(ctx context.Context, t ticket) {
 // waits for it only within its store budget (storeCtx): a store that does
 // not answer delays the caller by that much at most, and the write goes
 // on; Close waits for it.
-func (b *Breaker) write(ctx context.Context, op func(wctx context.Context) (driver.CircuitRecord, error), after func(wctx context.Context, rec driver.CircuitRecord, err error)) {
+//
+// A write that outlasts the caller's budget (and not because the caller
+// gave up) is a store failure: the store counts as down until every such
+// write has ended, and late, if set, updates the local view at once
+// (with b.mu held), as if the write had failed; after is then told (by
+// w.late) that it did.
+func (b *Breaker) write(ctx context.Context, op func(wctx context.Context) (driver.CircuitRecord, error), after func(wctx context.Context, rec driver.CircuitRecord, err error, w *outWrite), late func(w *outWrite)) {
+	w := &outWrite{done: make(chan struct{})}
 	b.mu.Lock()
 	if b.writers == 0 {
 		b.drained = make(chan struct{})
 	}
 	b.writers++
+	b.inflight = append(b.inflight, w)
 	b.mu.Unlock()
-	done := make(chan struct{})
 	wctx, wcancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
 	go func() {
-		defer close(done)
 		defer wcancel()
 		rec, err := op(wctx)
 		b.mu.Lock()
-		after(wctx, rec, err)
+		w.ended = true
+		if w.late {
+			b.late--
+		}
+		if w.counted {
+			// Landed, the failure is in rec; failed, it stays counted
+			// locally only, like any failure the store could not record.
+			w.counted = false
+			b.pendingFail--
+			if err == nil {
+				b.localFail--
+			}
+		}
+		after(wctx, rec, err, w)
+		for i, p := range b.inflight {
+			if p == w {
+				b.inflight = append(b.inflight[:i], b.inflight[i+1:]...)
+				break
+			}
+		}
 		b.writers--
 		if b.writers == 0 {
 			close(b.drained)
 		}
+		close(w.done)
 		b.unlock()
 	}()
 	wait, cancel := b.storeCtx(ctx)
 	defer cancel()
 	select {
-	case <-done:
+	case <-w.done:
 	case <-wait.Done():
+		b.mu.Lock()
+		if !w.ended && ctx.Err() == nil {
+			w.late = true
+			b.late++
+			b.storeFailedLocked(b.storeErrLocked(wait, context.DeadlineExceeded))
+			if late != nil {
+				late(w)
+			}
+		}
+		b.unlock()
+	}
+}
+
+// outWrite is an outcome write in flight; its fields but done are
+// guarded by b.mu.
+type outWrite struct {
+	done    chan struct{} // closed when it has ended and its result is applied
+	ended   bool          // its result is being or has been applied
+	late    bool          // it outlasted its caller's budget
+	counted bool          // its failure is counted in pendingFail
+}
+
+// forgetFailuresLocked resets the local view's consecutive failures, those
+// whose writes are in flight included; b.mu is held.
+func (b *Breaker) forgetFailuresLocked() {
+	b.fails, b.localFail, b.pendingFail = 0, 0, 0
+	for _, w := range b.inflight {
+		w.counted = false
 	}
 }
 
@@ -947,13 +1024,18 @@ func (b *Breaker) write(ctx context.Context, op func(wctx context.Context) (driv
 func (b *Breaker) countLocallyLocked() {
 	b.fails++
 	b.localFail++
-	if b.state != Closed {
-		return
-	}
-	if b.readyToTrip == nil && b.fails >= int64(b.threshold) ||
-		b.readyToTrip != nil && b.ready(b.localCountsLocked()) {
+	if b.state == Closed && b.tripsLocallyLocked() {
 		b.openLocallyLocked(time.Now())
 	}
+}
+
+// tripsLocallyLocked reports whether the local view's counts open the
+// circuit; b.mu is held.
+func (b *Breaker) tripsLocallyLocked() bool {
+	if b.readyToTrip == nil {
+		return b.fails >= int64(b.threshold)
+	}
+	return b.ready(b.localCountsLocked())
 }
 
 // localCountsLocked returns the counts of the last record with the
@@ -1067,7 +1149,15 @@ func (b *Breaker) applyLocked(rec driver.CircuitRecord, start uint64, src source
 	prev, prevState := b.rec, b.state
 	b.rec = rec
 	b.seq++
-	b.fails = rec.Failures
+	// Failures counted locally that rec lacks are kept while their writes
+	// are in flight, and all of them while the store still owes late
+	// writes (it has not answered yet); otherwise the record is the truth.
+	keep := b.pendingFail
+	if b.late > 0 {
+		keep = b.localFail
+	}
+	b.localFail = keep
+	b.fails = rec.Failures + keep
 	now := time.Now()
 	switch rec.State {
 	case Open:
@@ -1093,7 +1183,12 @@ func (b *Breaker) applyLocked(rec driver.CircuitRecord, start uint64, src source
 	if rec.State != HalfOpen || rec.ProbeOwner != b.chain {
 		b.chain = ""
 	}
-	b.localFail = 0
+	if rec.State == Closed && keep > 0 && b.tripsLocallyLocked() {
+		if b.state != Open {
+			b.openLocallyLocked(now)
+		}
+		return
+	}
 	b.setStateLocked(rec.State)
 }
 
@@ -1160,6 +1255,9 @@ func (b *Breaker) storeFailedLocked(err error) {
 }
 
 func (b *Breaker) storeOKLocked() {
+	if b.late > 0 {
+		return // the store still owes writes
+	}
 	if b.storeDown {
 		b.log.Info("breaker: store reachable again", "circuit", b.name)
 	}

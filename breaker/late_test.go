@@ -1,0 +1,74 @@
+package breaker_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/warden-go/warden"
+	"github.com/warden-go/warden/breaker"
+	"github.com/warden-go/warden/internal/testkit"
+)
+
+// A store whose writes hang while its reads answer is down: the first
+// failure write that outlasts the budget makes it so (StoreDown, with
+// ErrStoreTimeout), the failure counts on the local view at once, and the
+// reads that follow neither bring the store back nor erase the failures
+// counted locally. Failing closed, fn runs once; failing open, it runs
+// until the local view reaches Threshold. Once the write lands, the
+// store's record is the truth again.
+func TestHungWritesAreAStoreFailure(t *testing.T) {
+	t.Parallel()
+	for _, failClosed := range []bool{false, true} {
+		t.Run(map[bool]string{false: "fail-open", true: "fail-closed"}[failClosed], func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := testkit.DBName(t)
+			h := newHung(db, "failure")
+			st := testkit.Open(t, h, &warden.Options{Logger: quiet})
+			b := newBreaker(t, st, "api", &breaker.Options{Threshold: 3, OpenFor: time.Hour, FailClosed: failClosed,
+				SyncInterval: time.Nanosecond, // every call reads the record
+				StoreTimeout: 20 * time.Millisecond})
+			if err := b.Do(ctx, succeed); err != nil { // reads the record
+				t.Fatal(err)
+			}
+			ran := 0
+			want := 3
+			if failClosed {
+				want = 1
+			}
+			for i := range 6 {
+				err := b.Do(ctx, func(context.Context) error { ran++; return errBoom })
+				switch {
+				case i < want && !errors.Is(err, errBoom):
+					t.Fatalf("call %d: %v, want fn's error", i, err)
+				case i >= want && !errors.Is(err, breaker.ErrOpen):
+					t.Fatalf("call %d: %v, want a rejection", i, err)
+				case i >= want && failClosed && !errors.Is(err, breaker.ErrStoreTimeout):
+					t.Fatalf("call %d: %v, want a rejection for the store's timeout", i, err)
+				}
+			}
+			if ran != want {
+				t.Fatalf("fn ran %d times, want %d (Threshold 3, writes hung, FailClosed %v)", ran, want, failClosed)
+			}
+			s := b.Stats()
+			if !s.StoreDown || s.StoreErrors == 0 || !errors.Is(s.LastStoreError, breaker.ErrStoreTimeout) || s.Failures != int64(want) {
+				t.Fatalf("stats while writes hang: %+v", s)
+			}
+			if !failClosed && s.State != breaker.Open {
+				t.Fatalf("failing open, the local view is %s after %d failures, want open", s.State, want)
+			}
+			close(h.release) // the store answers again; the late write lands
+			if err := b.Flush(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if rec := record(t, openStore(t, db, nil), "api"); rec.Failures != 1 {
+				t.Fatalf("the store has %d failures, want 1 (the write in flight)", rec.Failures)
+			}
+			if s := b.Stats(); s.StoreDown || s.Failures != 1 || s.State != breaker.Closed {
+				t.Fatalf("stats after the late write landed: %+v", s)
+			}
+		})
+	}
+}
