@@ -371,7 +371,6 @@ type Breaker struct {
 	lastSync  time.Time            // when the last read began
 	syncing   bool                 // a read is in flight
 	resyncing bool                 // the next call must read the record
-	resetting bool                 // a RecordSuccess of a closed circuit is in flight
 	watching  bool                 // a notification stream is live
 	storeDown bool
 	storeErr  error
@@ -820,21 +819,25 @@ func (b *Breaker) succeeded(ctx context.Context, t ticket) {
 	b.mu.Lock()
 	switch t.kind {
 	case normalCall:
-		// Write only the first success after failures; with ReadyToTrip
-		// the others are counted with the next write.
-		if b.state != Closed || b.resetting || b.fails == 0 {
+		// Write only the first success after failures — failures of the
+		// view or failure writes still in flight, which the store will
+		// count before this success (see write) — unless the last write
+		// issued is a success already; with ReadyToTrip the others are
+		// counted with the next write.
+		failing := b.failWritesLocked()
+		last := len(b.inflight) > 0 && b.inflight[len(b.inflight)-1].success
+		if b.state != Closed || last || b.fails == 0 && !failing {
 			if b.readyToTrip != nil && b.state == Closed {
 				b.unflushed++
 			}
 			b.mu.Unlock()
 			return
 		}
-		if b.storeDown || b.writers >= maxPendingWrites {
+		if !failing && (b.storeDown || b.writers >= maxPendingWrites) {
 			b.forgetFailuresLocked()
 			b.mu.Unlock()
 			return
 		}
-		b.resetting = true
 	case localProbe:
 		b.probing--
 		b.chain = ""
@@ -845,14 +848,13 @@ func (b *Breaker) succeeded(ctx context.Context, t ticket) {
 	}
 	o := b.outcomeLocked(driver.OutcomeSuccess, t)
 	start := b.seq
+	w := b.beginWriteLocked(true)
 	b.mu.Unlock()
 
-	b.write(ctx, func(wctx context.Context) (driver.CircuitRecord, error) {
+	b.write(ctx, w, func(wctx context.Context) (driver.CircuitRecord, error) {
 		return b.circ.RecordOutcome(wctx, b.name, o)
 	}, func(wctx context.Context, rec driver.CircuitRecord, err error, w *outWrite) {
-		if t.kind == normalCall {
-			b.resetting = false
-		} else {
+		if t.kind != normalCall {
 			b.probing--
 		}
 		if err != nil {
@@ -894,9 +896,10 @@ func (b *Breaker) failed(ctx context.Context, t ticket) {
 	}
 	o := b.outcomeLocked(driver.OutcomeFailure, t)
 	start := b.seq
+	w := b.beginWriteLocked(false)
 	b.mu.Unlock()
 
-	b.write(ctx, func(wctx context.Context) (driver.CircuitRecord, error) {
+	b.write(ctx, w, func(wctx context.Context) (driver.CircuitRecord, error) {
 		rec, err := b.circ.RecordOutcome(wctx, b.name, o)
 		if err != nil || b.readyToTrip == nil || t.kind != normalCall {
 			return rec, err
@@ -942,18 +945,21 @@ func (b *Breaker) failed(ctx context.Context, t ticket) {
 // write has ended, and late, if set, updates the local view at once
 // (with b.mu held), as if the write had failed; after is then told (by
 // w.late) that it did.
-func (b *Breaker) write(ctx context.Context, op func(wctx context.Context) (driver.CircuitRecord, error), after func(wctx context.Context, rec driver.CircuitRecord, err error, w *outWrite), late func(w *outWrite)) {
-	w := &outWrite{done: make(chan struct{})}
-	b.mu.Lock()
-	if b.writers == 0 {
-		b.drained = make(chan struct{})
-	}
-	b.writers++
-	b.inflight = append(b.inflight, w)
-	b.mu.Unlock()
+//
+// Writes of successes and of failures reach the store in the order they
+// were issued (beginWriteLocked): a write waits for those of the other kind
+// issued before it, so that the store's consecutive counts follow the
+// calls' order. Writes of one kind commute and run at once.
+func (b *Breaker) write(ctx context.Context, w *outWrite, op func(wctx context.Context) (driver.CircuitRecord, error), after func(wctx context.Context, rec driver.CircuitRecord, err error, w *outWrite), late func(w *outWrite)) {
 	wctx, wcancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
 	go func() {
 		defer wcancel()
+		for _, d := range w.after {
+			select {
+			case <-d:
+			case <-wctx.Done(): // op fails at once on wctx
+			}
+		}
 		rec, err := op(wctx)
 		b.mu.Lock()
 		w.ended = true
@@ -1001,13 +1007,43 @@ func (b *Breaker) write(ctx context.Context, op func(wctx context.Context) (driv
 	}
 }
 
-// outWrite is an outcome write in flight; its fields but done are
-// guarded by b.mu.
+// beginWriteLocked registers an outcome write (of a success or a failure)
+// before it is issued with write; b.mu is held.
+func (b *Breaker) beginWriteLocked(success bool) *outWrite {
+	w := &outWrite{done: make(chan struct{}), success: success}
+	for _, p := range b.inflight {
+		if p.success != success {
+			w.after = append(w.after, p.done)
+		}
+	}
+	if b.writers == 0 {
+		b.drained = make(chan struct{})
+	}
+	b.writers++
+	b.inflight = append(b.inflight, w)
+	return w
+}
+
+// failWritesLocked reports whether failure writes are in flight; b.mu is
+// held.
+func (b *Breaker) failWritesLocked() bool {
+	for _, w := range b.inflight {
+		if !w.success {
+			return true
+		}
+	}
+	return false
+}
+
+// outWrite is an outcome write in flight; its fields but done, success
+// and after are guarded by b.mu.
 type outWrite struct {
-	done    chan struct{} // closed when it has ended and its result is applied
-	ended   bool          // its result is being or has been applied
-	late    bool          // it outlasted its caller's budget
-	counted bool          // its failure is counted in pendingFail
+	done    chan struct{}   // closed when it has ended and its result is applied
+	success bool            // a success's write, not a failure's
+	after   []chan struct{} // done of the writes it must follow
+	ended   bool            // its result is being or has been applied
+	late    bool            // it outlasted its caller's budget
+	counted bool            // its failure is counted in pendingFail
 }
 
 // forgetFailuresLocked resets the local view's consecutive failures, those

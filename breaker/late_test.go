@@ -72,3 +72,46 @@ func TestHungWritesAreAStoreFailure(t *testing.T) {
 		})
 	}
 }
+
+// A success that follows a failure whose write is still in flight is
+// written after it, so the store's consecutive failures reset as the
+// calls' order says: failure, success, failure leaves a Threshold-2
+// circuit closed with one consecutive failure (as gobreaker would).
+func TestSuccessAfterPendingFailureIsWritten(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testkit.DBName(t)
+	h := newHung(db, "failure")
+	st := testkit.Open(t, h, &warden.Options{Logger: quiet})
+	b := newBreaker(t, st, "api", &breaker.Options{Threshold: 2, OpenFor: time.Hour,
+		SyncInterval: time.Hour, StoreTimeout: 20 * time.Millisecond})
+	if err := b.Do(ctx, succeed); err != nil { // reads the record
+		t.Fatal(err)
+	}
+	if err := b.Do(ctx, fail); !errors.Is(err, errBoom) { // its write hangs
+		t.Fatal(err)
+	}
+	if err := b.Do(ctx, succeed); err != nil {
+		t.Fatal(err)
+	}
+	close(h.release) // the store answers: the failure lands, then the success
+	if err := b.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	check := testkit.Open(t, testkit.MemoryDriver(db), &warden.Options{Logger: quiet})
+	if rec := record(t, check, "api"); rec.State != breaker.Closed || rec.Failures != 0 {
+		t.Fatalf("after failure, success: %s with %d consecutive failures, want closed with 0 (the success was not written after the failure)", rec.State, rec.Failures)
+	}
+	if err := b.Do(ctx, fail); !errors.Is(err, errBoom) {
+		t.Fatal(err)
+	}
+	if err := b.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rec := record(t, check, "api"); rec.State != breaker.Closed || rec.Failures != 1 {
+		t.Fatalf("after failure, success, failure with Threshold 2: %s with %d consecutive failures, want closed with 1", rec.State, rec.Failures)
+	}
+	if s := b.Stats(); s.StoreDown || s.State != breaker.Closed || s.Failures != 1 {
+		t.Fatalf("stats %+v", s)
+	}
+}
