@@ -117,6 +117,7 @@ func goredisClient(b *testing.B, base string) *goredis.Client {
 	if err != nil {
 		b.Fatal(err)
 	}
+	o.MaxRetries, o.ContextTimeoutEnabled = -1, true
 	c := goredis.NewClient(o)
 	b.Cleanup(func() { c.Close() })
 	return c

@@ -125,6 +125,7 @@ func cleanNamespace(t testing.TB, rawURL, prefix string) {
 				t.Error(err)
 				return
 			}
+			o.MaxRetries, o.ContextTimeoutEnabled = -1, true
 			c = goredis.NewClient(o)
 		}
 		defer c.Close()

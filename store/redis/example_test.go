@@ -15,7 +15,13 @@ import (
 // *redis.ClusterClient or a Sentinel failover client), which stays open
 // when the store closes.
 func ExampleNew() {
-	client := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:6379"})
+	client := goredis.NewClient(&goredis.Options{
+		Addr: "127.0.0.1:6379",
+		// warden's scripts are not resent after a late reply, and calls
+		// end at their context's deadline.
+		MaxRetries:            -1,
+		ContextTimeoutEnabled: true,
+	})
 	defer client.Close()
 	st, err := redis.New(client, &redis.Options{Prefix: "billing:"})
 	if err != nil {

@@ -43,6 +43,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"net"
 	"net/url"
 	"strconv"
 	"strings"
@@ -90,6 +91,16 @@ func init() {
 // New returns a store on client, which stays open when the store closes.
 // client may be a *redis.Client, *redis.ClusterClient or a Sentinel
 // failover client.
+//
+// A *redis.Client must be built with MaxRetries: -1 (New refuses one that
+// retries, go-redis's default): a command whose reply is late is sent
+// again by a retrying client, and warden's lock scripts are not safe to
+// repeat — a repeated ForceRelease ends a holding taken in between, a
+// repeated Release reports "not held" for a holding it released. Build it
+// with ContextTimeoutEnabled: true as well, or calls wait for the client's
+// ReadTimeout past their context's deadline. A ClusterClient's retries
+// are off by default; its redirect loop (MaxRedirects) may still resend a
+// command after a timeout, see docs/backends.md.
 func New(client goredis.UniversalClient, opts *Options) (*warden.Store, error) {
 	s, err := NewDriver(client, opts)
 	if err != nil {
@@ -103,6 +114,9 @@ func NewDriver(client goredis.UniversalClient, opts *Options) (driver.Store, err
 	if client == nil {
 		return nil, errors.New("redis: New needs a client")
 	}
+	if err := checkRetries(client); err != nil {
+		return nil, err
+	}
 	return newStore(client, false, opts)
 }
 
@@ -115,6 +129,23 @@ func Open(ctx context.Context, rawURL string, opts *Options) (*warden.Store, err
 		return nil, err
 	}
 	return warden.New(s, nil), nil
+}
+
+// ErrClientRetries is returned by New for a client that resends commands
+// after a timeout (redis.Options.MaxRetries other than -1).
+var ErrClientRetries = errors.New("redis: the client retries commands; build it with MaxRetries: -1")
+
+// checkRetries refuses a single-node or Sentinel client whose commands
+// are retried after timeouts.
+func checkRetries(client goredis.UniversalClient) error {
+	if c, ok := client.(*goredis.Client); ok {
+		// The client's options are normalised when it is built: -1
+		// (no retries) reads 0 there, and 0 (the default) reads 3.
+		if n := c.Options().MaxRetries; n > 0 {
+			return fmt.Errorf("%w (it retries up to %d times): a lock script resent after a late reply can end a holding taken in between", ErrClientRetries, n)
+		}
+	}
+	return nil
 }
 
 // OpenDriver is Open without the warden.Store wrapper.
@@ -135,6 +166,10 @@ func openParsed(ctx context.Context, u *url.URL, base *Options) (driver.Store, e
 	if err != nil {
 		return nil, err
 	}
+	// Scripts are not safe to repeat (see New), and a call must end at its
+	// context's deadline.
+	uo.MaxRetries = -1
+	uo.ContextTimeoutEnabled = true
 	client := goredis.NewUniversalClient(uo)
 	s, err := newStore(client, true, o)
 	if err != nil {
@@ -432,6 +467,13 @@ func (s *store) fail(ctx context.Context, err error) error {
 	}
 	if cerr := ctx.Err(); cerr != nil {
 		return cerr
+	}
+	// With ContextTimeoutEnabled the connection's deadline is the
+	// context's: its timeout can fire a moment before the context's own
+	// timer marks it done. Past the deadline, it is the deadline's error.
+	var ne net.Error
+	if dl, ok := ctx.Deadline(); ok && errors.As(err, &ne) && ne.Timeout() && !time.Now().Before(dl) {
+		return context.DeadlineExceeded
 	}
 	select {
 	case <-s.closed:

@@ -39,6 +39,7 @@ func singleClient(t testing.TB) *goredis.Client {
 	if err != nil {
 		t.Fatal(err)
 	}
+	o.MaxRetries, o.ContextTimeoutEnabled = -1, true
 	c := goredis.NewClient(o)
 	t.Cleanup(func() { c.Close() })
 	return c

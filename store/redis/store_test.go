@@ -25,6 +25,7 @@ func TestEventsLostOnReconnect(t *testing.T) {
 	}
 	name := "warden-events-test-" + time.Now().Format("150405.000000")
 	o.ClientName = name
+	o.MaxRetries, o.ContextTimeoutEnabled = -1, true
 	watchClient := goredis.NewClient(o)
 	defer watchClient.Close()
 	prefix := "reconnect-" + time.Now().Format("150405000000") + ":"
@@ -110,8 +111,13 @@ func TestEventsLostOnReconnect(t *testing.T) {
 // error that says why and never shows the password.
 func TestBadOptions(t *testing.T) {
 	ctx := context.Background()
-	c := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:1"})
+	c := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
 	defer c.Close()
+	retrying := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:1"})
+	defer retrying.Close()
+	if _, err := redis.New(retrying, nil); !errors.Is(err, redis.ErrClientRetries) {
+		t.Errorf("a client retrying commands: err %v, want ErrClientRetries", err)
+	}
 	for _, p := range []string{"a{b}:", "{x}:", "nocolon"} {
 		if _, err := redis.New(c, &redis.Options{Prefix: p}); !errors.Is(err, driver.ErrBadPrefix) {
 			t.Errorf("prefix %q: err %v, want ErrBadPrefix", p, err)
