@@ -151,10 +151,14 @@ const (
 // up (the caller waits for the write only within its store budget).
 const writeTimeout = 5 * time.Second
 
-// maxPendingWrites caps the outcome writes in flight; beyond it (a store
-// that stopped answering under heavy traffic) outcomes are counted on the
-// local view only.
+// maxPendingWrites caps the goroutines making outcome writes; the writes
+// beyond wait in a queue, in order, for one of them.
 const maxPendingWrites = 64
+
+// maxQueuedWrites caps the queued failure writes; beyond it (a store that
+// answers far slower than failures come) failures are counted on the local
+// view only.
+const maxQueuedWrites = 4096
 
 // maxWatchBackoff caps the pause between attempts to resubscribe to
 // circuit notifications.
@@ -383,7 +387,9 @@ type Breaker struct {
 	pendingFail int64
 	unflushed   int64 // closed-state successes not yet written (ReadyToTrip)
 
-	writers  int           // outcome writes in flight
+	writers  int           // outcome writes in flight, queued ones included
+	runners  int           // goroutines making outcome writes
+	queue    []*outWrite   // writes waiting for a runner, in issue order
 	drained  chan struct{} // closed when writers drops to 0
 	inflight []*outWrite   // outcome writes in flight, in the order issued
 	late     int           // writes of inflight that outlasted their caller's budget
@@ -833,7 +839,7 @@ func (b *Breaker) succeeded(ctx context.Context, t ticket) {
 			b.mu.Unlock()
 			return
 		}
-		if !failing && (b.storeDown || b.writers >= maxPendingWrites) {
+		if !failing && b.storeDown {
 			b.forgetFailuresLocked()
 			b.mu.Unlock()
 			return
@@ -848,10 +854,7 @@ func (b *Breaker) succeeded(ctx context.Context, t ticket) {
 	}
 	o := b.outcomeLocked(driver.OutcomeSuccess, t)
 	start := b.seq
-	w := b.beginWriteLocked(true)
-	b.mu.Unlock()
-
-	b.write(ctx, w, func(wctx context.Context) (driver.CircuitRecord, error) {
+	w := b.issueLocked(ctx, true, func(wctx context.Context) (driver.CircuitRecord, error) {
 		return b.circ.RecordOutcome(wctx, b.name, o)
 	}, func(wctx context.Context, rec driver.CircuitRecord, err error, w *outWrite) {
 		if t.kind != normalCall {
@@ -866,7 +869,9 @@ func (b *Breaker) succeeded(ctx context.Context, t ticket) {
 		}
 		b.storeOKLocked()
 		b.applyLocked(rec, start, fromWrite)
-	}, func(w *outWrite) {
+	})
+	b.mu.Unlock()
+	b.await(ctx, w, func(w *outWrite) {
 		if t.kind == normalCall {
 			b.forgetFailuresLocked()
 		}
@@ -883,7 +888,7 @@ func (b *Breaker) failed(ctx context.Context, t ticket) {
 			b.mu.Unlock()
 			return
 		}
-		if b.storeDown || b.writers >= maxPendingWrites {
+		if b.storeDown || len(b.queue) >= maxQueuedWrites {
 			b.countLocallyLocked()
 			b.unlock()
 			return
@@ -896,10 +901,7 @@ func (b *Breaker) failed(ctx context.Context, t ticket) {
 	}
 	o := b.outcomeLocked(driver.OutcomeFailure, t)
 	start := b.seq
-	w := b.beginWriteLocked(false)
-	b.mu.Unlock()
-
-	b.write(ctx, w, func(wctx context.Context) (driver.CircuitRecord, error) {
+	w := b.issueLocked(ctx, false, func(wctx context.Context) (driver.CircuitRecord, error) {
 		rec, err := b.circ.RecordOutcome(wctx, b.name, o)
 		if err != nil || b.readyToTrip == nil || t.kind != normalCall {
 			return rec, err
@@ -922,7 +924,9 @@ func (b *Breaker) failed(ctx context.Context, t ticket) {
 		}
 		b.storeOKLocked()
 		b.applyLocked(rec, start, fromWrite)
-	}, func(w *outWrite) {
+	})
+	b.mu.Unlock()
+	b.await(ctx, w, func(w *outWrite) {
 		if t.kind == normalCall && b.state == Closed {
 			// Counted now, so that the policy applies to it; the store
 			// will have it too once the write lands.
@@ -933,28 +937,34 @@ func (b *Breaker) failed(ctx context.Context, t ticket) {
 	})
 }
 
-// write records an outcome: op runs in a goroutine of the Breaker's own on
-// a context that ignores the caller's cancellation and is bounded by
-// writeTimeout, then after applies its result with b.mu held. The caller
-// waits for it only within its store budget (storeCtx): a store that does
-// not answer delays the caller by that much at most, and the write goes
-// on; Close waits for it.
-//
-// A write that outlasts the caller's budget (and not because the caller
-// gave up) is a store failure: the store counts as down until every such
-// write has ended, and late, if set, updates the local view at once
-// (with b.mu held), as if the write had failed; after is then told (by
-// w.late) that it did.
+// issueLocked issues an outcome write, of a success or a failure; b.mu is
+// held. op runs in a goroutine of the Breaker's own on a context that
+// ignores the caller's cancellation and is bounded by writeTimeout (from
+// now), then after applies its result with b.mu held. At most
+// maxPendingWrites goroutines write at once; the writes beyond wait in
+// order for one of them (none is dropped). Close waits for them all.
 //
 // Writes of successes and of failures reach the store in the order they
-// were issued (beginWriteLocked): a write waits for those of the other kind
-// issued before it, so that the store's consecutive counts follow the
-// calls' order. Writes of one kind commute and run at once.
-func (b *Breaker) write(ctx context.Context, w *outWrite, op func(wctx context.Context) (driver.CircuitRecord, error), after func(wctx context.Context, rec driver.CircuitRecord, err error, w *outWrite), late func(w *outWrite)) {
+// were issued: a write waits for those of the other kind issued before it,
+// so that the store's consecutive counts follow the calls' order. Writes
+// of one kind commute and run at once.
+func (b *Breaker) issueLocked(ctx context.Context, success bool, op func(wctx context.Context) (driver.CircuitRecord, error), after func(wctx context.Context, rec driver.CircuitRecord, err error, w *outWrite)) *outWrite {
+	w := &outWrite{done: make(chan struct{}), success: success}
+	var deps []chan struct{}
+	for _, p := range b.inflight {
+		if p.success != success {
+			deps = append(deps, p.done)
+		}
+	}
+	if b.writers == 0 {
+		b.drained = make(chan struct{})
+	}
+	b.writers++
+	b.inflight = append(b.inflight, w)
 	wctx, wcancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
-	go func() {
+	w.run = func() {
 		defer wcancel()
-		for _, d := range w.after {
+		for _, d := range deps {
 			select {
 			case <-d:
 			case <-wctx.Done(): // op fails at once on wctx
@@ -988,7 +998,45 @@ func (b *Breaker) write(ctx context.Context, w *outWrite, op func(wctx context.C
 		}
 		close(w.done)
 		b.unlock()
-	}()
+	}
+	if b.runners < maxPendingWrites {
+		b.runners++
+		go b.runWrites(w)
+	} else {
+		b.queue = append(b.queue, w)
+	}
+	return w
+}
+
+// runWrites runs w, then the queued writes, until none is left. The
+// queue is in issue order, so the writes a queued one must follow have
+// started before it.
+func (b *Breaker) runWrites(w *outWrite) {
+	for w != nil {
+		w.run()
+		b.mu.Lock()
+		w = nil
+		if len(b.queue) > 0 {
+			w = b.queue[0]
+			b.queue[0] = nil
+			b.queue = b.queue[1:]
+		} else {
+			b.runners--
+		}
+		b.mu.Unlock()
+	}
+}
+
+// await waits for the write w within the caller's store budget
+// (storeCtx): a store that does not answer delays the caller by that much
+// at most, and the write goes on.
+//
+// A write that outlasts the caller's budget (and not because the caller
+// gave up) is a store failure: the store counts as down until every such
+// write has ended, and late, if set, updates the local view at once
+// (with b.mu held), as if the write had failed; the write's after is then
+// told (by w.late) that it did.
+func (b *Breaker) await(ctx context.Context, w *outWrite, late func(w *outWrite)) {
 	wait, cancel := b.storeCtx(ctx)
 	defer cancel()
 	select {
@@ -1007,23 +1055,6 @@ func (b *Breaker) write(ctx context.Context, w *outWrite, op func(wctx context.C
 	}
 }
 
-// beginWriteLocked registers an outcome write (of a success or a failure)
-// before it is issued with write; b.mu is held.
-func (b *Breaker) beginWriteLocked(success bool) *outWrite {
-	w := &outWrite{done: make(chan struct{}), success: success}
-	for _, p := range b.inflight {
-		if p.success != success {
-			w.after = append(w.after, p.done)
-		}
-	}
-	if b.writers == 0 {
-		b.drained = make(chan struct{})
-	}
-	b.writers++
-	b.inflight = append(b.inflight, w)
-	return w
-}
-
 // failWritesLocked reports whether failure writes are in flight; b.mu is
 // held.
 func (b *Breaker) failWritesLocked() bool {
@@ -1036,14 +1067,14 @@ func (b *Breaker) failWritesLocked() bool {
 }
 
 // outWrite is an outcome write in flight; its fields but done, success
-// and after are guarded by b.mu.
+// and run are guarded by b.mu.
 type outWrite struct {
-	done    chan struct{}   // closed when it has ended and its result is applied
-	success bool            // a success's write, not a failure's
-	after   []chan struct{} // done of the writes it must follow
-	ended   bool            // its result is being or has been applied
-	late    bool            // it outlasted its caller's budget
-	counted bool            // its failure is counted in pendingFail
+	done    chan struct{} // closed when it has ended and its result is applied
+	success bool          // a success's write, not a failure's
+	run     func()        // makes the write and applies its result
+	ended   bool          // its result is being or has been applied
+	late    bool          // it outlasted its caller's budget
+	counted bool          // its failure is counted in pendingFail
 }
 
 // forgetFailuresLocked resets the local view's consecutive failures, those

@@ -115,3 +115,44 @@ func TestSuccessAfterPendingFailureIsWritten(t *testing.T) {
 		t.Fatalf("stats %+v", s)
 	}
 }
+
+// More outcome writes than run at once (64) are queued, not dropped, and
+// reach the store in order: 100 failures, a success and 50 failures,
+// issued while the store holds every failure write, leave the circuit
+// with 150 failures of which 50 consecutive, and no store error.
+func TestWritesBeyondTheInFlightLimitAreQueued(t *testing.T) {
+	t.Parallel()
+	db := testkit.DBName(t)
+	h := newHung(db, "failure")
+	st := testkit.Open(t, h, &warden.Options{Logger: quiet})
+	b := newBreaker(t, st, "api", &breaker.Options{Threshold: 1000, OpenFor: time.Hour, SyncInterval: time.Hour})
+	if err := b.Do(context.Background(), succeed); err != nil { // reads the record
+		t.Fatal(err)
+	}
+	// Each caller gives up as fn returns, so it does not wait for its
+	// write: the writes pile up while the store holds them.
+	call := func(err error) {
+		ctx, cancel := context.WithCancel(context.Background())
+		if got := b.Do(ctx, func(context.Context) error { cancel(); return err }); got != err {
+			t.Fatalf("Do = %v, want %v", got, err)
+		}
+	}
+	for range 100 {
+		call(errBoom)
+	}
+	call(nil)
+	for range 50 {
+		call(errBoom)
+	}
+	close(h.release)
+	if err := b.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	rec := record(t, openStore(t, db, nil), "api")
+	if rec.State != breaker.Closed || rec.TotalFailures != 150 || rec.Failures != 50 {
+		t.Fatalf("store after 100 failures, a success, 50 failures: %s, %d failures, %d consecutive; want closed, 150, 50", rec.State, rec.TotalFailures, rec.Failures)
+	}
+	if s := b.Stats(); s.StoreErrors != 0 || s.StoreDown || s.Failures != 50 || s.State != breaker.Closed {
+		t.Fatalf("stats %+v", s)
+	}
+}
