@@ -210,7 +210,7 @@ type CircuitRecord struct {
 	Failures    int64     // consecutive failures
 	LastFailure time.Time // zero if never
 	LastSuccess time.Time // zero if never
-	OpenedAt    time.Time // when it last opened; zero if never
+	OpenedAt    time.Time // open or half-open: when it last opened; zero when closed (closing clears it)
 	ProbeOwner  string    // holder of the newest half-open probe slot
 	ProbeUntil  time.Time // when the probe slots lapse (the newest grant's lease)
 	Version     int64     // increases on every change
@@ -331,14 +331,20 @@ func Failure(gen int64, threshold int) Outcome {
 func Success(gen int64) Outcome { return Outcome{Kind: OutcomeSuccess, Gen: gen} }
 
 // Generation returns the circuit's generation: OpenedAt in Unix
-// milliseconds, 0 if it never opened. It changes every time the circuit
-// opens (a circuit probed only after at least one millisecond open, as
-// every Breaker's is, re-opens in a later millisecond), and only then; so a half-open circuit, and a circuit closed by
-// its probes, keep the generation of their last opening. An outcome
-// carries the generation of the record its call was admitted on, and the
-// store ignores outcomes of another generation: a late success of a call
-// admitted before the circuit re-opened never closes it, nor ends the
-// probing of the new generation.
+// milliseconds, 0 while closed. It changes every time the circuit opens
+// (a circuit probed only after at least one millisecond open, as every
+// Breaker's is, re-opens in a later millisecond) and every time it closes
+// (closing, by its probes' successes or by Set, clears OpenedAt): a
+// half-open circuit keeps the generation of its last opening, a closed
+// circuit is of generation 0. An outcome carries the generation of the
+// record its call was admitted on, and the store ignores outcomes of
+// another generation: a late success of a call admitted before the
+// circuit re-opened never closes it, nor ends the probing of the new
+// generation; a late outcome of a probe whose generation other probes
+// have closed never re-opens the closed circuit nor counts in its period.
+// (Every closed period is generation 0, so an outcome of a call admitted
+// while closed that outlives a whole open, half-open and closed cycle
+// counts in the later closed period.)
 func (r CircuitRecord) Generation() int64 {
 	if r.OpenedAt.IsZero() {
 		return 0
@@ -366,7 +372,7 @@ type Circuits interface {
 	// returned. The comparison and the change are one atomic step.
 	RecordFailure(ctx context.Context, name string, threshold int, gen int64) (CircuitRecord, error)
 	// RecordSuccess atomically records a success: closed → failures reset;
-	// half-open → closed, failures reset, probe slot cleared; open stays open
+	// half-open → closed, failures reset, probe slot and OpenedAt cleared; open stays open
 	// (a late success of a call begun before opening proves nothing). gen
 	// is as for RecordFailure: a success of another generation changes
 	// nothing.
@@ -393,7 +399,8 @@ type Circuits interface {
 	// Opening sets OpenedAt to now and clears the probe slots; opening and
 	// turning half-open reset the counts (Successes, TotalFailures,
 	// ConsecutiveSuccesses; Failures is kept); closing resets them,
-	// Failures included, and sets IntervalStart to now. Concurrent calls
+	// Failures included, sets IntervalStart to now, clears the probe
+	// slots and clears OpenedAt (generation 0). Concurrent calls
 	// never lose an increment.
 	RecordOutcome(ctx context.Context, name string, o Outcome) (CircuitRecord, error)
 	// Trip opens a closed circuit whose Version is still version, in one
@@ -424,8 +431,8 @@ type Circuits interface {
 	TryProbes(ctx context.Context, name, owner string, openFor, lease time.Duration, maxProbes int) (rec CircuitRecord, granted bool, err error)
 	// Get returns the circuit's record; found=false if absent.
 	Get(ctx context.Context, name string) (rec CircuitRecord, found bool, err error)
-	// Set forces a state (operators). Closed resets the failure count;
-	// open sets OpenedAt to now; every state clears the probe slots and
+	// Set forces a state (operators). Closed resets the failure count
+	// and clears OpenedAt (generation 0); open sets OpenedAt to now; every state clears the probe slots and
 	// resets the counts (closed also sets IntervalStart to now).
 	Set(ctx context.Context, name string, state CircuitState) (CircuitRecord, error)
 	// Delete removes the circuit's record (it reads as closed afterwards).

@@ -130,12 +130,12 @@ func (s *suite) circuitCounts(t *testing.T) {
 	if rec.ProbeOwner != "" || rec.Probes != 0 {
 		t.Errorf("closing left probe owner %q and %d probe slots", rec.ProbeOwner, rec.Probes)
 	}
-	if rec.Generation() != gen {
-		t.Errorf("closing changed the generation %d → %d", gen, rec.Generation())
+	if rec.Generation() != 0 {
+		t.Errorf("closing left the generation at %d, want 0 (closing clears OpenedAt)", rec.Generation())
 	}
 
 	// A failure half-open re-opens and resets the counts.
-	th.Gen = gen
+	th.Gen = rec.Generation()
 	rec = outcome(t, c, name, th)
 	rec = outcome(t, c, name, th)
 	wantCounts(t, "re-opened at threshold 2", rec, driver.Open, counts{0, 0, 0, 2})

@@ -30,6 +30,7 @@ func (s *suite) circuits(t *testing.T) {
 		{"Operators", s.circuitOperators},
 		{"Generations", s.circuitGenerations},
 		{"GenerationsConcurrent", s.circuitGenerationsConcurrent},
+		{"LateProbeOutcome", s.circuitLateProbeOutcome},
 		{"Counts", s.circuitCounts},
 		{"Interval", s.circuitInterval},
 		{"Trip", s.circuitTrip},
@@ -549,17 +550,6 @@ func (s *suite) circuitGenerations(t *testing.T) {
 	ctx := testCtx(t)
 	st, _ := s.open(t)
 	c := st.Circuits()
-	same := func(what string, got, want driver.CircuitRecord) {
-		t.Helper()
-		if !sameCircuit(got, want) {
-			t.Errorf("%s changed the circuit (or returned another record): got %+v, want %+v", what, got, want)
-		}
-		cur, _, err := c.Get(ctx, want.Name)
-		fatalIf(t, "Get", err)
-		if !sameCircuit(cur, want) {
-			t.Errorf("%s changed the stored circuit: %+v, want %+v", what, cur, want)
-		}
-	}
 
 	// An absent circuit is of generation 0.
 	rec, err := c.RecordFailureGen(ctx, "absent", 2, 12345)
@@ -590,10 +580,10 @@ func (s *suite) circuitGenerations(t *testing.T) {
 	}
 	r, err := c.RecordSuccessGen(ctx, "g", 0)
 	fatalIf(t, "RecordSuccessGen", err)
-	same("a late success of generation 0 on the open circuit", r, opened)
+	unchanged(t, c, "a late success of generation 0 on the open circuit", r, opened)
 	r, err = c.RecordFailureGen(ctx, "g", 2, 0)
 	fatalIf(t, "RecordFailureGen", err)
-	same("a late failure of generation 0 on the open circuit", r, opened)
+	unchanged(t, c, "a late failure of generation 0 on the open circuit", r, opened)
 
 	// Half-open, probed by another: a late success of generation 0 does
 	// not close it; the probe's own success does.
@@ -616,24 +606,25 @@ func (s *suite) circuitGenerations(t *testing.T) {
 	}
 	r, err = c.RecordSuccessGen(ctx, "g", 0)
 	fatalIf(t, "RecordSuccessGen", err)
-	same("a late success of generation 0 during the probe", r, half)
+	unchanged(t, c, "a late success of generation 0 during the probe", r, half)
 	r, err = c.RecordFailureGen(ctx, "g", 2, 0)
 	fatalIf(t, "RecordFailureGen", err)
-	same("a late failure of generation 0 during the probe", r, half)
+	unchanged(t, c, "a late failure of generation 0 during the probe", r, half)
 	closed, err := c.RecordSuccessGen(ctx, "g", g1)
 	fatalIf(t, "RecordSuccessGen", err)
 	wantCircuit(t, "the probe's success", closed, "g", driver.Closed, 0)
-	if closed.Generation() != g1 {
-		t.Errorf("a circuit closed by its probe is of generation %d, want %d (closing does not start a generation)", closed.Generation(), g1)
+	if closed.Generation() != 0 || !closed.OpenedAt.IsZero() {
+		t.Errorf("a circuit closed by its probe is of generation %d (OpenedAt %v), want 0 (closing clears OpenedAt)", closed.Generation(), closed.OpenedAt)
 	}
 
-	// Closed in G1: failures of G1 count, failures of 0 do not.
-	r, err = c.RecordFailureGen(ctx, "g", 2, 0)
-	fatalIf(t, "RecordFailureGen", err)
-	same("a failure of generation 0 after closing in generation G1", r, closed)
+	// Closed: failures of G1 (the probing generation) do not count,
+	// failures of 0 do.
 	r, err = c.RecordFailureGen(ctx, "g", 2, g1)
 	fatalIf(t, "RecordFailureGen", err)
-	wantCircuit(t, "a failure of generation G1", r, "g", driver.Closed, 1)
+	unchanged(t, c, "a failure of generation G1 after its probe closed the circuit", r, closed)
+	r, err = c.RecordFailureGen(ctx, "g", 2, 0)
+	fatalIf(t, "RecordFailureGen", err)
+	wantCircuit(t, "a failure of generation 0 in the closed period", r, "g", driver.Closed, 1)
 
 	// AnyGeneration applies whatever the generation.
 	r, err = c.RecordFailureGen(ctx, "g", 2, driver.AnyGeneration)
@@ -642,6 +633,84 @@ func (s *suite) circuitGenerations(t *testing.T) {
 	if r.Generation() == g1 {
 		t.Errorf("re-opening kept generation %d", g1)
 	}
+}
+
+// unchanged fails t unless got, the record a call returned, and the
+// stored record are both want.
+func unchanged(t *testing.T, c *warden.Circuits, what string, got, want driver.CircuitRecord) {
+	t.Helper()
+	if !sameCircuit(got, want) {
+		t.Errorf("%s changed the circuit (or returned another record): got %+v, want %+v", what, got, want)
+	}
+	cur, _, err := c.Get(t.Context(), want.Name)
+	fatalIf(t, "Get", err)
+	if !sameCircuit(cur, want) {
+		t.Errorf("%s changed the stored circuit: %+v, want %+v", what, cur, want)
+	}
+}
+
+// circuitLateProbeOutcome: closing a circuit ends the generation its
+// probes were admitted in. Two probes are granted in generation G; the
+// second one's successes close the circuit; the first one's late failure
+// (threshold 1) and success of G then leave the closed circuit as it is —
+// it is neither re-opened nor counted in the new closed period — while an
+// outcome of the closed period (generation 0) applies. The same holds
+// after Set(closed).
+func (s *suite) circuitLateProbeOutcome(t *testing.T) {
+	ctx := testCtx(t)
+	st, _ := s.open(t)
+	c := st.Circuits()
+	const name = "late"
+	opened, err := c.RecordFailureGen(ctx, name, 1, 0)
+	fatalIf(t, "RecordFailureGen", err)
+	wantCircuit(t, "the failure at threshold 1", opened, name, driver.Open, 1)
+	g := opened.Generation()
+	for _, owner := range []string{"p1", "p2"} {
+		rec, granted, err := c.TryProbes(ctx, name, owner, 0, time.Minute, 2)
+		fatalIf(t, "TryProbes", err)
+		if !granted || rec.Generation() != g {
+			t.Fatalf("TryProbes for %s: granted=%v generation %d, want granted in generation %d", owner, granted, rec.Generation(), g)
+		}
+	}
+	// p2's two successes close the circuit; p1 is still running.
+	two := driver.Outcome{Kind: driver.OutcomeSuccess, Gen: g, CloseAfter: 2}
+	rec, err := c.RecordOutcome(ctx, name, two)
+	fatalIf(t, "RecordOutcome", err)
+	wantCircuit(t, "the first of 2 successes that close", rec, name, driver.HalfOpen, 1)
+	closed, err := c.RecordOutcome(ctx, name, two)
+	fatalIf(t, "RecordOutcome", err)
+	wantCircuit(t, "the second of 2 successes that close", closed, name, driver.Closed, 0)
+	if closed.Generation() == g || !closed.OpenedAt.IsZero() {
+		t.Errorf("closing left generation %d (OpenedAt %v), want 0: outcomes of the probing generation %d still apply", closed.Generation(), closed.OpenedAt, g)
+	}
+	// p1's late outcomes of generation g.
+	r, err := c.RecordFailureGen(ctx, name, 1, g)
+	fatalIf(t, "RecordFailureGen", err)
+	unchanged(t, c, "a late probe failure (threshold 1) of the generation the circuit closed", r, closed)
+	r, err = c.RecordOutcome(ctx, name, driver.Outcome{Kind: driver.OutcomeFailure, Gen: g, Threshold: 5, Interval: time.Minute})
+	fatalIf(t, "RecordOutcome", err)
+	unchanged(t, c, "a late probe failure (threshold 5) of the generation the circuit closed", r, closed)
+	r, err = c.RecordSuccessGen(ctx, name, g)
+	fatalIf(t, "RecordSuccessGen", err)
+	unchanged(t, c, "a late probe success of the generation the circuit closed", r, closed)
+	// The closed period's own outcomes apply.
+	r, err = c.RecordFailureGen(ctx, name, 2, closed.Generation())
+	fatalIf(t, "RecordFailureGen", err)
+	wantCircuit(t, "a failure of the closed period", r, name, driver.Closed, 1)
+
+	// Set(closed) ends the generation too.
+	reopened, err := c.RecordFailureGen(ctx, name, 2, r.Generation())
+	fatalIf(t, "RecordFailureGen", err)
+	wantCircuit(t, "the failure at threshold 2", reopened, name, driver.Open, 2)
+	g2 := reopened.Generation()
+	set, err := c.Set(ctx, name, driver.Closed)
+	fatalIf(t, "Set", err)
+	if set.Generation() == g2 || !set.OpenedAt.IsZero() {
+		t.Errorf("Set closed left generation %d (OpenedAt %v), want 0", set.Generation(), set.OpenedAt)
+	}
+	r, err = c.RecordFailureGen(ctx, name, 1, g2)
+	fatalIf(t, "RecordFailureGen", err)
+	unchanged(t, c, "a late failure (threshold 1) of the generation Set closed", r, set)
 }
 
 // circuitGenerationsConcurrent: the generation check and the change are

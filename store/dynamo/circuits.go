@@ -62,7 +62,11 @@ const (
 	notMine    = "(attribute_not_exists(#req) OR #req <> :req)"
 	closedLike = "(attribute_not_exists(#state) OR NOT (#state IN (:open, :half)))"
 	clearProbe = " REMOVE #probeOwner, #probeUntil"
-	bump       = " ADD #version :one"
+	// closing clears the probe slots and openedAt: the closed period is
+	// generation 0, so outcomes of the generation that probed no longer
+	// apply.
+	closing = clearProbe + ", #openedAt"
+	bump    = " ADD #version :one"
 )
 
 // change applies a circuit change: variants[pick(old)] for the state the
@@ -340,7 +344,7 @@ func (c circuits) RecordOutcome(ctx context.Context, name string, o driver.Outco
 				"#consecutiveSuccesses = :one, #intervalStart = :now ADD #version :one", overCond(closedLike + " AND " + periodOver)},
 			// 2: half-open, the last success needed: closes.
 			{"#state = :closed, #failures = :zero, #lastSuccess = :now, #probes = :zero, #intervalStart = :now" +
-				resetCounts + clearProbe + bump, closes},
+				resetCounts + closing + bump, closes},
 			// 3: half-open, more needed; one live slot ends.
 			{"#lastSuccess = :now ADD #successes :one, #consecutiveSuccesses :one, #probes :minus, #version :one",
 				more + " AND #probeUntil > :now AND #probes >= :one"},
@@ -522,7 +526,12 @@ func (c circuits) Set(ctx context.Context, name string, state driver.CircuitStat
 	default:
 		v.upd = "#state = :half"
 	}
-	v.upd += ", #probes = :zero" + resetCounts + clearProbe + bump
+	v.upd += ", #probes = :zero" + resetCounts
+	if state == driver.Closed {
+		v.upd += closing + bump
+	} else {
+		v.upd += clearProbe + bump
+	}
 	return c.change(ctx, "setting circuit", name, item{":zero": vN(0)}, []variant{v}, func(item) int { return 0 })
 }
 

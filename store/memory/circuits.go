@@ -50,10 +50,13 @@ func resetCounts(r *driver.CircuitRecord) {
 }
 
 // closeCircuit closes r: counts (Failures included) reset, a new period
-// starts, the probe slots are cleared.
+// starts, the probe slots are cleared and OpenedAt is cleared (the closed
+// period is generation 0, so outcomes of the probing generation no longer
+// apply).
 func closeCircuit(r *driver.CircuitRecord, now time.Time) {
 	r.State = driver.Closed
 	r.Failures = 0
+	r.OpenedAt = time.Time{}
 	resetCounts(r)
 	r.IntervalStart = now
 	r.ProbeOwner, r.ProbeUntil, r.Probes = "", time.Time{}, 0
@@ -225,6 +228,7 @@ func (c *circuits) Set(ctx context.Context, name string, state driver.CircuitSta
 	case driver.Closed:
 		r.Failures = 0
 		r.IntervalStart = now
+		r.OpenedAt = time.Time{}
 	case driver.Open:
 		r.OpenedAt = now
 	}

@@ -288,8 +288,8 @@ func outcomeSteps(o driver.Outcome, t time.Time) []step {
 			more = cat(halfOpen, set("consecutiveSuccesses", set("$not", set("$gte", n-1))))
 		}
 		steps = append(steps, step{filter: closes, update: bson.D{
-			{Key: "$set", Value: cat(set("state", string(driver.Closed), "failureCount", int64(0), "probeOwner", nil, "probeUntil", nil,
-				"probes", int64(0), "intervalStart", t), countsReset, times)},
+			{Key: "$set", Value: cat(set("state", string(driver.Closed), "failureCount", int64(0), "openedAt", nil, "probeOwner", nil,
+				"probeUntil", nil, "probes", int64(0), "intervalStart", t), countsReset, times)},
 			{Key: "$inc", Value: set("version", int64(1))}}})
 		if more != nil {
 			inc := set("successes", int64(1), "consecutiveSuccesses", int64(1), "version", int64(1))
@@ -489,9 +489,12 @@ func (c circuits) Set(ctx context.Context, name string, state driver.CircuitStat
 		} else {
 			ins = append(ins, bson.E{Key: "failureCount", Value: int64(0)})
 		}
-		if state == driver.Open {
+		switch state {
+		case driver.Open:
 			st = append(st, bson.E{Key: "openedAt", Value: t})
-		} else {
+		case driver.Closed: // the closed period is generation 0
+			st = append(st, bson.E{Key: "openedAt", Value: nil})
+		default:
 			ins = append(ins, bson.E{Key: "openedAt", Value: nil})
 		}
 		return []step{{

@@ -126,7 +126,7 @@ func buildCircSQL(table string) *circSQL {
 		WHEN @w_op OR @w_cs THEN 0
 		WHEN @w_ho AND :kind = 1 THEN IF(@w_lv, probes - 1, 0)
 		ELSE probes END, probes),
-	opened_at = IF(@w_ok AND @w_op, NOW, opened_at),
+	opened_at = IF(@w_ok AND @w_op, NOW, IF(@w_ok AND @w_cs, NULL, opened_at)),
 	probe_owner = IF(@w_ok AND (@w_op OR @w_cs), NULL, probe_owner),
 	probe_until = IF(@w_ok AND (@w_op OR @w_cs), NULL, probe_until),
 	last_failure_time = IF(@w_ok AND :kind = 2, NOW, last_failure_time),
@@ -171,7 +171,7 @@ WHERE ` + kkey + ` AND (
 VALUES (?, ?, ?, 0, NULL, NULL, IF(? = 'open', NOW, NULL), NULL, NULL, 1, NOW, 0, 0, 0, IF(? = 'closed', NOW, NULL), 0)
 ON DUPLICATE KEY UPDATE
 	failure_count = IF(VALUES(state) = 'closed', 0, failure_count),
-	opened_at = IF(VALUES(state) = 'open', NOW, opened_at),
+	opened_at = CASE VALUES(state) WHEN 'open' THEN NOW WHEN 'closed' THEN NULL ELSE opened_at END,
 	interval_start = IF(VALUES(state) = 'closed', NOW, interval_start),
 	state = VALUES(state),
 	probe_owner = NULL,

@@ -183,7 +183,7 @@ v AS (
 			ELSE failures END AS failures,
 		CASE WHEN $3::int = 2 THEN t ELSE lf END AS lf,
 		CASE WHEN $3::int = 1 THEN t ELSE ls END AS ls,
-		CASE WHEN opens THEN t ELSE oa END AS oa,
+		CASE WHEN opens THEN t WHEN closes THEN NULL ELSE oa END AS oa,
 		CASE WHEN opens OR closes THEN NULL ELSE po END AS po,
 		CASE WHEN opens OR closes THEN NULL ELSE pu END AS pu,
 		CASE WHEN opens OR closes THEN 0 WHEN $3::int = 1 AND state = 'half-open' THEN GREATEST(live - 1, 0)
@@ -250,7 +250,7 @@ up AS (
 		0, 0, 0, CASE WHEN $3::text = 'closed' THEN n.t END, 0 FROM n
 	ON CONFLICT (namespace, key) DO UPDATE SET
 		failure_count = CASE WHEN EXCLUDED.state = 'closed' THEN 0 ELSE c.failure_count END,
-		opened_at = CASE WHEN EXCLUDED.state = 'open' THEN EXCLUDED.updated_at ELSE c.opened_at END,
+		opened_at = CASE EXCLUDED.state WHEN 'open' THEN EXCLUDED.updated_at WHEN 'closed' THEN NULL ELSE c.opened_at END,
 		interval_start = CASE WHEN EXCLUDED.state = 'closed' THEN EXCLUDED.updated_at ELSE c.interval_start END,
 		state = EXCLUDED.state,
 		probe_owner = NULL, probe_until = NULL, probes = 0,

@@ -48,7 +48,7 @@ end
 local function resetCounts() R.sc = 0; R.tf = 0; R.cs = 0 end
 local function clearProbes() R.po = ''; R.pu = 0; R.pr = 0 end
 local function open() R.s = 'open'; R.op = now; clearProbes(); resetCounts() end
-local function close() R.s = 'closed'; R.n = 0; resetCounts(); R.is = now; clearProbes() end
+local function close() R.s = 'closed'; R.n = 0; R.op = 0; resetCounts(); R.is = now; clearProbes() end
 local function live()
 	if R.s == 'half-open' and R.pu > now and R.pr > 0 then return R.pr end
 	return 0
@@ -133,7 +133,7 @@ elseif op == 'set' then
 	R.s = ARGV[4]
 	clearProbes()
 	resetCounts()
-	if R.s == 'closed' then R.n = 0; R.is = now elseif R.s == 'open' then R.op = now end
+	if R.s == 'closed' then R.n = 0; R.op = 0; R.is = now elseif R.s == 'open' then R.op = now end
 	return save()
 elseif op == 'delete' then
 	if not exists then return {0, ''} end

@@ -130,7 +130,7 @@ WHERE namespace = :ns AND key = :key AND released_at IS NULL AND expires_at > :n
 		WHEN {C}.state = 'half-open' AND :kind = 1 THEN
 			CASE WHEN COALESCE({C}.probe_until, 0) > :now AND {C}.probes >= 1 THEN {C}.probes - 1 ELSE 0 END
 		ELSE {C}.probes END,
-	opened_at = CASE WHEN ` + opens + ` THEN :now ELSE {C}.opened_at END,
+	opened_at = CASE WHEN ` + opens + ` THEN :now WHEN ` + closes + ` THEN NULL ELSE {C}.opened_at END,
 	probe_owner = CASE WHEN ` + opens + ` OR ` + closes + ` THEN NULL ELSE {C}.probe_owner END,
 	probe_until = CASE WHEN ` + opens + ` OR ` + closes + ` THEN NULL ELSE {C}.probe_until END,
 	last_failure_time = CASE WHEN :kind = 2 THEN :now ELSE {C}.last_failure_time END,
@@ -181,7 +181,7 @@ ON CONFLICT (namespace, key) DO UPDATE SET
 	successes = 0, total_failures = 0, consecutive_successes = 0, probes = 0,
 	interval_start = CASE WHEN :state = 'closed' THEN :now ELSE {C}.interval_start END,
 	failure_count = CASE WHEN :state = 'closed' THEN 0 ELSE {C}.failure_count END,
-	opened_at = CASE WHEN :state = 'open' THEN :now ELSE {C}.opened_at END,
+	opened_at = CASE WHEN :state = 'open' THEN :now WHEN :state = 'closed' THEN NULL ELSE {C}.opened_at END,
 	probe_owner = NULL,
 	probe_until = NULL,
 	version = {C}.version + 1,
