@@ -61,13 +61,15 @@
 //
 // # Generations
 //
-// Every opening starts a new generation of the circuit (its OpenedAt). A
-// call carries the generation it was admitted in, and the store applies
+// Every opening starts a new generation of the circuit (its OpenedAt),
+// and every closing returns it to generation 0 (closing clears OpenedAt).
+// A call carries the generation it was admitted in, and the store applies
 // its outcome only if the circuit is still in that generation, in the
 // same atomic operation: a slow call admitted while the circuit was
 // closed cannot close it once it has re-opened or while another process
-// probes it, and its late failure does not count against the new
-// generation.
+// probes it, its late failure does not count against the new generation,
+// and a probe's late failure does not re-open a circuit other probes have
+// closed since.
 //
 // # When the store is unreachable or slow
 //
