@@ -49,7 +49,7 @@ func (c checkpoints) Save(ctx context.Context, in driver.CheckpointInput) (drive
 	err := s.tx(ctx, func(tx *sql.Tx) error {
 		cp, ok = driver.Checkpoint{}, false
 		if _, err := tx.ExecContext(ctx, s.q.cpFenceSave, s.prefix, task, in.Token, s.prefix, task, s.prefix, task,
-			in.Token, in.Token, in.Token); err != nil {
+			in.Token, in.Token, s.prefix, task, in.Token); err != nil {
 			return err
 		}
 		js := jsonArg(in.Data)

@@ -693,3 +693,41 @@ func TestMixedFleetNodeBehindUTC(t *testing.T) {
 		t.Fatalf("warden on a lock written in New York time: %+v ok=%v err=%v, token base before %d", rec, ok, err, before)
 	}
 }
+
+// TestMixedFleetCheckpointSaveAfterNode: warden's saves of a task go on
+// after the adapter saved a checkpoint of the same task with the next
+// sequence: warden numbers past the table's highest sequence, not only
+// past its own last one.
+func TestMixedFleetCheckpointSaveAfterNode(t *testing.T) {
+	ctx := context.Background()
+	name, _ := mixedDB(t)
+	node := startNode(t, name, "UTC")
+	node.must("connect", nil, nil)
+	// The adapter ignores the prefix: an unprefixed warden store shares
+	// its checkpoints.
+	st, err := mysql.Open(ctx, mixedURL(t, name, ""), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	cp := st.Checkpoints()
+	if c, ok, err := cp.Save(ctx, driver.CheckpointInput{TaskID: "T", Data: []byte(`{"w":1}`)}); err != nil || !ok || c.Sequence != 1 {
+		t.Fatalf("first save: %+v %v %v", c, ok, err)
+	}
+	node.must("saveCheckpoint", map[string]any{"checkpoint": map[string]any{
+		"id": "T:2", "taskId": "T", "sequence": 2, "timestamp": time.Now().UnixMilli(), "progress": 50, "data": map[string]any{"n": 2.0},
+	}}, nil)
+	for want := int64(3); want <= 4; want++ {
+		c, ok, err := cp.Save(ctx, driver.CheckpointInput{TaskID: "T", Data: []byte(fmt.Sprintf(`{"w":%d}`, want))})
+		if err != nil || !ok || c.Sequence != want {
+			t.Fatalf("save after the adapter's: %+v ok=%v err=%v, want sequence %d", c, ok, err, want)
+		}
+	}
+	list, err := cp.List(ctx, "T")
+	if err != nil || len(list) != 4 {
+		t.Fatalf("List: %d checkpoints (%v), want 4", len(list), err)
+	}
+	if got := decodeJSON(t, list[1].Data); !reflect.DeepEqual(got, map[string]any{"n": 2.0}) {
+		t.Fatalf("the adapter's checkpoint reads %v", got)
+	}
+}

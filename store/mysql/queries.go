@@ -168,13 +168,17 @@ ON DUPLICATE KEY UPDATE status = 'completed', owner = NULL, fingerprint = NULL, 
 	// Save: the fence row's upsert decides (@warden_out: the new
 	// sequence, 0 if refused), then the checkpoint is inserted, in one
 	// transaction. A task without a fence row starts from its
-	// checkpoints' highest sequence and token.
+	// checkpoints' highest sequence and token. The next sequence is also
+	// past the highest in the checkpoints table: go-go-scope's adapter
+	// inserts checkpoints without touching the fence row.
 	q.cpFenceSave = sub(`INSERT INTO {F} (namespace, task_id, fence_token, last_sequence, updated_at)
 VALUES (?, ?,
 	GREATEST(?, (SELECT COALESCE(MAX(token), 0) FROM {P} WHERE namespace = ? AND task_id = ?)),
 	(@warden_out := (SELECT COALESCE(MAX(sequence), 0) FROM {P} WHERE namespace = ? AND task_id = ?) + 1), NOW)
 ON DUPLICATE KEY UPDATE
-	last_sequence = IF(? = 0 OR ? >= fence_token, (@warden_out := last_sequence + 1), last_sequence + (@warden_out := 0)),
+	last_sequence = IF(? = 0 OR ? >= fence_token,
+		(@warden_out := GREATEST(last_sequence, (SELECT COALESCE(MAX(sequence), 0) FROM {P} WHERE namespace = ? AND task_id = ?)) + 1),
+		last_sequence + (@warden_out := 0)),
 	updated_at = IF(@warden_out > 0, NOW, updated_at),
 	fence_token = IF(@warden_out > 0, GREATEST(fence_token, ?), fence_token)`)
 	// The checkpoint takes the sequence the fence row's upsert left in
