@@ -416,9 +416,14 @@ func (c circuits) TryProbes(ctx context.Context, name, owner string, openFor, le
 
 // openedAtOf is when an open circuit opened, as TryProbes' first step
 // judges it: openedAt; for a circuit the go-go-scope adapter opened (no
-// openedAt), its last failure or, without one, its last update.
+// openedAt), its last failure or, without one, its last update; for one
+// the adapter re-opened after a failed probe (it leaves openedAt and the
+// probe fields as they were, while warden's own openings clear
+// probeOwner), its last update.
 func openedAtOf(d *circDoc) *time.Time {
 	switch {
+	case d.ProbeOwner != nil:
+		return d.UpdatedAt
 	case d.OpenedAt != nil:
 		return d.OpenedAt
 	case d.LastFailure != nil:
@@ -441,11 +446,14 @@ func probeSteps(owner string, t, due, until time.Time, maxProbes int) probeStepS
 	return probeStepSet{
 		due: step{
 			filter: set("$or", bson.A{
-				set("state", string(driver.Open), "openedAt", set("$lte", due)),
+				set("state", string(driver.Open), "probeOwner", nil, "openedAt", set("$lte", due)),
 				// A circuit the go-go-scope adapter opened has no openedAt: it
 				// opened at its last failure, or, without one, its last update.
-				set("state", string(driver.Open), "openedAt", nil, "lastFailureTime", set("$lte", due)),
-				set("state", string(driver.Open), "openedAt", nil, "lastFailureTime", nil, "updatedAt", set("$lte", due)),
+				set("state", string(driver.Open), "probeOwner", nil, "openedAt", nil, "lastFailureTime", set("$lte", due)),
+				set("state", string(driver.Open), "probeOwner", nil, "openedAt", nil, "lastFailureTime", nil, "updatedAt", set("$lte", due)),
+				// One the adapter re-opened after a failed probe keeps its
+				// probe owner (see openedAtOf): it opened at its last update.
+				set("state", string(driver.Open), "probeOwner", set("$ne", nil), "updatedAt", set("$lte", due)),
 			}),
 			update: bson.D{{Key: "$set", Value: cat(set("state", string(driver.HalfOpen), "probes", int64(1)), countsReset, grant)},
 				{Key: "$inc", Value: set("version", int64(1))}},

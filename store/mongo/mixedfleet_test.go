@@ -699,3 +699,45 @@ func TestMixedFleetCircuits(t *testing.T) {
 		t.Errorf("warden reads %+v %v after Node's third failure, want 3", rec, err)
 	}
 }
+
+// TestMixedFleetCircuitReopenedByNode: a half-open circuit the adapter
+// re-opens (its probe failed) grants no probe before the open duration has
+// passed since the re-opening. The adapter writes state "open" and leaves
+// openedAt and the probe fields as they were; warden's own openings clear
+// probeOwner, so an open circuit with a probe owner opened when it was
+// last updated.
+func TestMixedFleetCircuitReopenedByNode(t *testing.T) {
+	ctx := context.Background()
+	n, st, db := mixed(t)
+	cb := st.Driver().Circuits()
+	circs := db.Collection(mongo.DefaultCircuitsCollection)
+	age := func(fields ...string) {
+		t.Helper()
+		past := time.Now().Add(-time.Hour)
+		var set bson.D
+		for _, f := range fields {
+			set = append(set, bson.E{Key: f, Value: past})
+		}
+		if _, err := circs.UpdateOne(ctx, bson.D{{Key: "key", Value: mixedPrefix + "circuit:c"}}, bson.D{{Key: "$set", Value: set}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if rec, err := cb.RecordFailure(ctx, "c", 1, driver.AnyGeneration); err != nil || rec.State != driver.Open {
+		t.Fatalf("RecordFailure: %+v %v", rec, err)
+	}
+	age("openedAt", "lastFailureTime", "updatedAt") // warden opened it an hour ago
+	if rec, granted, err := cb.TryProbe(ctx, "c", "go", 30*time.Minute, time.Minute); err != nil || !granted || rec.State != driver.HalfOpen {
+		t.Fatalf("TryProbe on a circuit open for an hour: %+v granted=%v err=%v", rec, granted, err)
+	}
+	n.must("recordFailure", map[string]any{"key": "c", "max": 1}, nil)
+	if rec, _, err := cb.Get(ctx, "c"); err != nil || rec.State != driver.Open {
+		t.Fatalf("after the adapter's failure warden reads %+v (%v), want open", rec, err)
+	}
+	if rec, granted, err := cb.TryProbe(ctx, "c", "go2", 30*time.Minute, time.Minute); err != nil || granted {
+		t.Fatalf("a probe was granted at once on a circuit the adapter just re-opened: %+v granted=%v err=%v", rec, granted, err)
+	}
+	age("lastFailureTime", "updatedAt") // the adapter re-opened it an hour ago
+	if rec, granted, err := cb.TryProbe(ctx, "c", "go2", 30*time.Minute, time.Minute); err != nil || !granted {
+		t.Fatalf("TryProbe an hour after the adapter re-opened: %+v granted=%v err=%v", rec, granted, err)
+	}
+}

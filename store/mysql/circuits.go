@@ -153,6 +153,10 @@ WHERE ` + kkey + ` AND state NOT IN ('open', 'half-open') AND version = ?`)
 	// lapsed → the first slot; the newest slot's holder → its slot again;
 	// a free slot among live ones → one more. A circuit the go-go-scope
 	// adapter opened has no opened_at: it opened when it was last written.
+	// Neither has one the adapter re-opened after a failed probe: it writes
+	// state 'open' and leaves opened_at and the probe columns as they
+	// were, while warden's own openings clear probe_owner; an open row
+	// with a probe owner also opened when it was last written.
 	q.probe = r.Replace(`UPDATE {C} SET
 	probes = CASE
 		WHEN state = 'open' OR COALESCE(probe_until, '1970-01-01') <= NOW THEN 1
@@ -163,7 +167,8 @@ WHERE ` + kkey + ` AND state NOT IN ('open', 'half-open') AND version = ?`)
 	consecutive_successes = IF(state = 'open', 0, consecutive_successes),
 	state = 'half-open', probe_owner = ?, probe_until = EXP(?), version = version + 1, updated_at = NOW
 WHERE ` + kkey + ` AND (
-	(state = 'open' AND TIMESTAMPADD(MICROSECOND, ?, COALESCE(opened_at, updated_at, '1970-01-01')) <= NOW)
+	(state = 'open' AND TIMESTAMPADD(MICROSECOND, ?,
+		IF(probe_owner IS NULL, COALESCE(opened_at, updated_at, '1970-01-01'), COALESCE(updated_at, '1970-01-01'))) <= NOW)
 	OR (state = 'half-open' AND (COALESCE(probe_until, '1970-01-01') <= NOW OR probe_owner = ? OR probes < ?)))`)
 	q.get = r.Replace(`SELECT ` + circColumns + ` FROM {C} WHERE ` + kkey)
 	q.set = r.Replace(`INSERT INTO {C} (namespace, ` + "`key`" + `, state, failure_count, last_failure_time, last_success_time, opened_at,

@@ -731,3 +731,46 @@ func TestMixedFleetCheckpointSaveAfterNode(t *testing.T) {
 		t.Fatalf("the adapter's checkpoint reads %v", got)
 	}
 }
+
+// TestMixedFleetCircuitReopenedByNode: a half-open circuit the adapter
+// re-opens (its probe failed) grants no probe before the open duration has
+// passed since the re-opening. The adapter writes state 'open' and leaves
+// opened_at and the probe columns as they were; warden's own openings
+// clear probe_owner, so an open row with a probe owner opened when it was
+// last written.
+func TestMixedFleetCircuitReopenedByNode(t *testing.T) {
+	ctx := context.Background()
+	name, db := mixedDB(t)
+	st := openMixed(t, name)
+	node := startNode(t, name, "UTC")
+	cb := st.Circuits()
+	const key = mixedPrefix + "circuit:c"
+	age := func(cols string) {
+		t.Helper()
+		set := []string{}
+		for _, c := range strings.Split(cols, ",") {
+			set = append(set, c+" = "+c+" - INTERVAL 1 HOUR")
+		}
+		if _, err := db.Exec("UPDATE go_goscope_circuit SET "+strings.Join(set, ", ")+" WHERE `key` = ?", key); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if rec, err := cb.RecordFailure(ctx, "c", 1); err != nil || rec.State != driver.Open {
+		t.Fatalf("RecordFailure: %+v %v", rec, err)
+	}
+	age("opened_at,updated_at") // warden opened it an hour ago
+	if rec, granted, err := cb.TryProbe(ctx, "c", "go", 30*time.Minute, time.Minute); err != nil || !granted || rec.State != driver.HalfOpen {
+		t.Fatalf("TryProbe on a circuit open for an hour: %+v granted=%v err=%v", rec, granted, err)
+	}
+	node.must("recordFailure", map[string]any{"key": "c", "max": 1}, nil)
+	if rec, _, err := cb.Get(ctx, "c"); err != nil || rec.State != driver.Open {
+		t.Fatalf("after the adapter's failure warden reads %+v (%v), want open", rec, err)
+	}
+	if rec, granted, err := cb.TryProbe(ctx, "c", "go2", 30*time.Minute, time.Minute); err != nil || granted {
+		t.Fatalf("a probe was granted at once on a circuit the adapter just re-opened: %+v granted=%v err=%v", rec, granted, err)
+	}
+	age("updated_at") // the adapter re-opened it an hour ago
+	if rec, granted, err := cb.TryProbe(ctx, "c", "go2", 30*time.Minute, time.Minute); err != nil || !granted {
+		t.Fatalf("TryProbe an hour after the adapter re-opened: %+v granted=%v err=%v", rec, granted, err)
+	}
+}
