@@ -269,16 +269,7 @@ func TestAutoIncrementOutcomes(t *testing.T) {
 func TestMigrateUpgradesEarlierLayout(t *testing.T) {
 	ctx := context.Background()
 	db := rawDB(t)
-	sfx := fmt.Sprintf("_%d_%d", os.Getpid(), time.Now().UnixNano())
-	tb := mysql.Tables{
-		Locks: "old_locks" + sfx, Circuits: "old_circuit" + sfx, Cache: "old_cache" + sfx,
-		Idempotency: "old_idem" + sfx, Checkpoints: "old_cp" + sfx, CheckpointTasks: "old_cpt" + sfx,
-	}
-	t.Cleanup(func() {
-		for _, n := range []string{tb.Locks, tb.Circuits, tb.Cache, tb.Idempotency, tb.Checkpoints, tb.CheckpointTasks} {
-			db.Exec("DROP TABLE IF EXISTS " + n)
-		}
-	})
+	tb := testTables(t, db, "old_")
 	ns := "`namespace` VARBINARY(64) NOT NULL DEFAULT '', `key` VARBINARY(600) NOT NULL, "
 	for _, q := range []string{
 		"CREATE TABLE " + tb.Locks + " (" + ns + "owner VARBINARY(512) NULL, token BIGINT NOT NULL DEFAULT 0, created_at DATETIME(3) NOT NULL, " +
@@ -322,10 +313,67 @@ func TestMigrateUpgradesEarlierLayout(t *testing.T) {
 	if cp, ok, err := st.Checkpoints().Latest(ctx, "t"); err != nil || !ok || string(cp.Data) != "\xfe" || cp.Token != 3 {
 		t.Fatalf("checkpoint: %+v %v %v", cp, ok, err)
 	}
+	// The DATETIME(3) timestamp of earlier releases is kept, and read and
+	// written as times.
+	if cols := columnTypes(t, db, tb.Checkpoints); cols["timestamp"] != "datetime(3)" {
+		t.Fatalf("the checkpoints' timestamp is %s after Migrate, want datetime(3) kept", cols["timestamp"])
+	}
+	before := time.Now().Add(-time.Hour)
+	if cp, ok, err := st.Checkpoints().Save(ctx, driver.CheckpointInput{TaskID: "t", Data: []byte(`{}`)}); err != nil || !ok ||
+		cp.Sequence != 2 || cp.Time.Before(before) || cp.Time.After(time.Now().Add(time.Hour)) {
+		t.Fatalf("a save on the kept DATETIME(3) timestamp: %+v %v %v", cp, ok, err)
+	}
 	if err := st.Cache().Set(ctx, "js2", []byte(`[1]`), 0); err != nil {
 		t.Fatal(err)
 	}
 	if e, _, err := st.Cache().Get(ctx, "js2"); err != nil || string(e.Value) != "[1]" {
 		t.Fatalf("a new JSON value in the kept LONGBLOB column: %q %v", e.Value, err)
 	}
+}
+
+// TestMigrateWidensCheckpointTime: a checkpoints table whose timestamp is a
+// DATETIME of whole seconds gets DATETIME(3) (its times kept), not the
+// BIGINT of milliseconds a new table has, which would turn the times into
+// numbers.
+func TestMigrateWidensCheckpointTime(t *testing.T) {
+	ctx := context.Background()
+	db := rawDB(t)
+	tb := testTables(t, db, "w_")
+	for _, q := range []string{
+		"CREATE TABLE " + tb.Checkpoints + " (id VARCHAR(255) NOT NULL PRIMARY KEY, task_id VARCHAR(255) NOT NULL, sequence INT NOT NULL, " +
+			"`timestamp` DATETIME NOT NULL, progress INT NOT NULL DEFAULT 0, data JSON NOT NULL)",
+		"INSERT INTO " + tb.Checkpoints + " VALUES ('t:1', 't', 1, '2024-05-06 07:08:09', 10, '{}')",
+	} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := mysql.New(db, &mysql.Options{Tables: tb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if cols := columnTypes(t, db, tb.Checkpoints); cols["timestamp"] != "datetime(3)" {
+		t.Fatalf("timestamp is %s after Migrate, want datetime(3)", cols["timestamp"])
+	}
+	want := time.Date(2024, 5, 6, 7, 8, 9, 0, time.UTC)
+	if cp, ok, err := st.Checkpoints().Latest(ctx, "t"); err != nil || !ok || !cp.Time.Equal(want) {
+		t.Fatalf("the checkpoint after Migrate: %+v %v %v, want time %v", cp, ok, err, want)
+	}
+}
+
+// testTables names a set of tables of the test's own, starting with
+// prefix, dropped when the test ends.
+func testTables(t *testing.T, db *sql.DB, prefix string) mysql.Tables {
+	sfx := fmt.Sprintf("_%d_%d", os.Getpid(), time.Now().UnixNano())
+	tb := mysql.Tables{
+		Locks: prefix + "locks" + sfx, Circuits: prefix + "circuit" + sfx, Cache: prefix + "cache" + sfx,
+		Idempotency: prefix + "idem" + sfx, Checkpoints: prefix + "cp" + sfx, CheckpointTasks: prefix + "cpt" + sfx,
+	}
+	t.Cleanup(func() {
+		for _, n := range []string{tb.Locks, tb.Circuits, tb.Cache, tb.Idempotency, tb.Checkpoints, tb.CheckpointTasks} {
+			db.Exec("DROP TABLE IF EXISTS " + n)
+		}
+	})
+	return tb
 }

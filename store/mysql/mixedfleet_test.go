@@ -774,3 +774,45 @@ func TestMixedFleetCircuitReopenedByNode(t *testing.T) {
 		t.Fatalf("TryProbe an hour after the adapter re-opened: %+v granted=%v err=%v", rec, granted, err)
 	}
 }
+
+// TestMixedFleetCheckpointsOnWardenTables: on tables warden created (warden
+// opened before the adapter's connect()), the adapter saves checkpoints —
+// the timestamp column holds its Unix milliseconds — and each side reads
+// the other's with its time.
+func TestMixedFleetCheckpointsOnWardenTables(t *testing.T) {
+	ctx := context.Background()
+	name, _ := mixedDB(t)
+	// The adapter ignores the prefix: an unprefixed warden store shares
+	// its checkpoints.
+	st, err := mysql.Open(ctx, mixedURL(t, name, ""), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	node := startNode(t, name, "UTC")
+	node.must("connect", nil, nil)
+	const ts = 1700000000123
+	if _, err := node.call("saveCheckpoint", map[string]any{"checkpoint": map[string]any{
+		"id": "n:1", "taskId": "n", "sequence": 1, "timestamp": ts, "progress": 50, "data": map[string]any{"step": 1.0},
+	}}); err != nil {
+		t.Fatalf("the adapter's save on warden's table: %v", err)
+	}
+	cp, found, err := st.Checkpoints().Latest(ctx, "n")
+	if err != nil || !found || cp.Sequence != 1 || !cp.Time.Equal(time.UnixMilli(ts)) ||
+		!reflect.DeepEqual(decodeJSON(t, cp.Data), map[string]any{"step": 1.0}) {
+		t.Fatalf("warden reads the adapter's checkpoint as %+v %v %v", cp, found, err)
+	}
+	saved, ok, err := st.Checkpoints().Save(ctx, driver.CheckpointInput{TaskID: "w", Data: []byte(`{"step":2}`)})
+	if err != nil || !ok {
+		t.Fatalf("warden's save: %v %v", ok, err)
+	}
+	var got struct {
+		Sequence  int64     `json:"sequence"`
+		Timestamp int64     `json:"timestamp"`
+		Data      nodeValue `json:"data"`
+	}
+	node.must("loadLatest", map[string]any{"taskId": "w"}, &got)
+	if got.Sequence != 1 || got.Timestamp != saved.Time.UnixMilli() || !reflect.DeepEqual(got.Data.json(t), map[string]any{"step": 2.0}) {
+		t.Fatalf("the adapter reads warden's checkpoint (time %d) as %+v", saved.Time.UnixMilli(), got)
+	}
+}

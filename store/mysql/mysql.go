@@ -284,8 +284,9 @@ func newStore(ctx context.Context, db *sql.DB, own bool, opts *Options) (*store,
 			return nil, err
 		}
 	}
-	// A checkpoints table that go-go-scope's adapter created keeps its
-	// timestamp column of Unix milliseconds.
+	// The checkpoints' timestamp holds Unix milliseconds (BIGINT, as
+	// go-go-scope's adapter and warden create it), or times (the
+	// DATETIME(3) of tables earlier warden releases created, kept).
 	var tsType string
 	err = db.QueryRowContext(ctx, `SELECT LOWER(DATA_TYPE) FROM information_schema.COLUMNS
 		WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND COLUMN_NAME = 'timestamp'`, t.Checkpoints).Scan(&tsType)

@@ -92,6 +92,12 @@ func timeCol(name string, null bool) column {
 	return column{name, decl, func(e existingCol) bool { b, l := parseType(e.typ); return b == "datetime" && l >= 3 }, nowDefault}
 }
 
+// isDateTime reports whether a COLUMN_TYPE is a date and time.
+func isDateTime(typ string) bool {
+	b, _ := parseType(strings.ToLower(typ))
+	return b == "datetime" || b == "timestamp"
+}
+
 func intCol(name string, null bool) column {
 	decl := "BIGINT NOT NULL DEFAULT 0"
 	if null {
@@ -174,12 +180,15 @@ func newLayout(t Tables, coll string) []tableDef {
 			blobCol("result", true), timeCol("created_at", false), timeCol("expires_at", true), timeCol("updated_at", false)}},
 		{name: t.Checkpoints, pk: []string{"namespace", "task_id", "sequence"}, cols: []column{ns,
 			strCol("id", 640, false, coll), strCol("task_id", 600, false, coll), intCol("sequence", false),
-			{"timestamp", "DATETIME(3) NOT NULL DEFAULT " + nowDefault, func(e existingCol) bool {
-				// go-go-scope's BIGINT of Unix milliseconds is kept (see
-				// store.cpMillis).
+			// Unix milliseconds, as go-go-scope's adapter declares and
+			// writes it (it inserts numbers, which a DATETIME column
+			// refuses); the DATETIME(3) of earlier warden releases is kept
+			// (the store reads the column's type when it opens, see
+			// buildQueries).
+			{"timestamp", "BIGINT NOT NULL", func(e existingCol) bool {
 				b, l := parseType(e.typ)
 				return b == "datetime" && l >= 3 || b == "bigint"
-			}, nowDefault},
+			}, "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)"},
 			{"progress", "DOUBLE NOT NULL DEFAULT 0", func(e existingCol) bool { b, _ := parseType(e.typ); return b == "double" }, "0"},
 			jsonCol("data"), blobCol("data_bin", true), intCol("estimated_time_remaining", true), intCol("token", false)}},
 		{name: t.CheckpointTasks, pk: []string{"namespace", "task_id"}, cols: []column{ns,
@@ -293,6 +302,15 @@ func (s *store) plan(ctx context.Context, td tableDef) ([]string, error) {
 		case !c.fits(e) && strings.HasPrefix(c.decl, "DATETIME") && strings.Contains(e.typ, "int"):
 			// Numbers (epoch milliseconds?) would not convert to times.
 			return nil, fmt.Errorf("table %s column %s is %s, not a date and time: convert it to DATETIME(3) in UTC yourself", td.name, c.name, e.typ)
+		case !c.fits(e) && !strings.HasPrefix(c.decl, "DATETIME") && isDateTime(e.typ) && c.fits(existingCol{typ: "datetime(3)"}):
+			// A date and time of lower precision where the layout holds
+			// numbers but also reads DATETIME(3) (the checkpoints'
+			// timestamp): widened, not converted to a number.
+			tc := timeCol(c.name, !c.notNull())
+			if e.nullable && c.notNull() {
+				stmts = append(stmts, fmt.Sprintf("UPDATE %s SET %s = %s WHERE %s IS NULL", qi(td.name), qi(c.name), tc.fill, qi(c.name)))
+			}
+			alter = append(alter, "MODIFY COLUMN "+qi(c.name)+" "+tc.decl)
 		case !c.fits(e):
 			if e.nullable && c.notNull() {
 				stmts = append(stmts, fmt.Sprintf("UPDATE %s SET %s = %s WHERE %s IS NULL", qi(td.name), qi(c.name), c.fill, qi(c.name)))
