@@ -514,3 +514,30 @@ func TestE2ECobraHelpAndCompletion(t *testing.T) {
 		t.Fatalf("completing lock run k --gr: %s", r)
 	}
 }
+
+// TestE2ELockRunArgsAfterCmdAreTheCommands: from CMD on every argument is
+// the command's, verbatim; a later "--" does not make warden take flags out
+// of the command line (which once ran the command with no lock held).
+func TestE2ELockRunArgsAfterCmdAreTheCommands(t *testing.T) {
+	_, url := e2eStore(t)
+	p, stop := holder(t, url, "k")
+	r := runWarden(t, nil, "--store", url, "lock", "run", "--no-wait", "k", "echo", "--store", "memory://", "--", "hi")
+	want(t, r, exitHeld)
+	stop()
+	want(t, p.wait(t, 60*time.Second), 0)
+	for _, c := range []struct {
+		args []string
+		out  string
+	}{
+		{[]string{"k", "echo", "--ttl", "1m", "--", "x"}, "--ttl 1m -- x\n"},
+		{[]string{"k", "echo", "--no-pager", "-c", "--", "a"}, "--no-pager -c -- a\n"},
+		{[]string{"k", "--ttl", "1m", "echo", "-x", "--", "b"}, "-x -- b\n"},
+		{[]string{"--ttl", "1m", "k", "--", "echo", "--ttl", "c"}, "--ttl c\n"},
+	} {
+		r := runWarden(t, nil, append([]string{"--store", url, "lock", "run"}, c.args...)...)
+		want(t, r, 0)
+		if r.stdout != c.out {
+			t.Fatalf("lock run %q: want output %q, got %s", c.args, c.out, r)
+		}
+	}
+}

@@ -306,37 +306,34 @@ Exit codes:
 	return b.String()
 }
 
-// parseArgs parses flags and positional arguments in any order, for a
-// command whose positional arguments after the first are a command line
-// taken as they are, flags included (lock run KEY CMD ARGS…). Everything
-// after a "--" is positional; without one, flags may come between KEY and
-// CMD, and from CMD on everything is the command's.
+// parseArgs parses the flags and positional arguments of a command whose
+// positional arguments after the first are a command line taken as it is
+// (lock run KEY CMD ARGS…). The flag set must not be interspersed. warden's
+// flags end at the first "--" or at the first argument after KEY that is not
+// a flag: CMD begins there, and from CMD on every argument is the
+// command's, verbatim, a later "--" or anything that looks like a warden
+// flag included.
 func parseArgs(fs *pflag.FlagSet, args []string) ([]string, error) {
-	var after []string
-	dash := false
-	for i, a := range args {
-		if a == "--" {
-			after, args, dash = args[i+1:], args[:i], true
-			break
-		}
-	}
 	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, err
-		}
-		args = fs.Args()
-		if len(args) == 0 {
-			break
-		}
-		pos = append(pos, args[0])
-		args = args[1:]
-		if !dash && len(pos) == 1 {
+	for len(args) > 0 {
+		a := args[0]
+		switch {
+		case a == "--":
+			return append(pos, args[1:]...), nil
+		case len(a) > 1 && a[0] == '-':
 			if err := fs.Parse(args); err != nil {
 				return nil, err
 			}
-			return append(pos, fs.Args()...), nil
+			rest := fs.Args()
+			if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
+				return append(pos, rest...), nil
+			}
+			args = rest
+		case len(pos) == 0:
+			pos, args = append(pos, a), args[1:]
+		default:
+			return append(pos, args...), nil
 		}
 	}
-	return append(pos, after...), nil
+	return pos, nil
 }
