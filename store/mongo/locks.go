@@ -31,16 +31,28 @@ import (
 // reports it as the holder while it is live, and deletes it (conditionally
 // on its expiry) once it has expired; see foreign.
 //
-// Fencing tokens. A new holding gets the candidate token
-// TokenBase(now) = now in ms × 4096, from the client's clock, if that is
-// greater than the document's token; the acquire's filter requires it
+// Fencing tokens. A new holding gets the candidate token tokenBase(now),
+// about 4.1 per microsecond of the client's clock, if that is greater than
+// the document's token; the acquire's filter requires it
 // (token < candidate), so the one update both checks and sets it. When the
 // candidate is not greater (a second holding within the same millisecond,
 // or a client whose clock is behind the last holder's), the acquire falls
 // back to a compare-and-swap on the token it read, setting token + 1.
 // Either way the token only grows, strictly, and a document recreated after
-// the retention starts above every token the old one handed out.
+// the retention, or after another program deleted it (the go-go-scope
+// adapter's forceRelease), starts above every token the old one handed out
+// as long as the clock has moved on a microsecond since.
 type locks struct{ s *store }
+
+// tokenBase is the candidate token of a holding that starts at t:
+// driver.TokenBase(t) (Unix ms × 4096) plus the microseconds within the
+// millisecond × 4096 / 1000. It is never below driver.TokenBase(t), so
+// tokens stored before stay below new ones, and it grows by about 4 every
+// microsecond, so a document deleted by another program and recreated a
+// round trip later starts above every token handed out before.
+func tokenBase(t time.Time) int64 {
+	return driver.TokenBase(t) + int64(t.Nanosecond()%1_000_000/1000)*4096/1000
+}
 
 type lockDoc struct {
 	Key        string     `bson:"key"`
@@ -102,8 +114,9 @@ func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 	write := true // try the insert or upsert first: on the first attempt, and after finding no document
 	for range s.tries {
 		s.raced("write")
-		t := now()
-		cand := driver.TokenBase(t)
+		wall := time.Now()
+		t := wall.UTC().Truncate(time.Millisecond) // now()
+		cand := tokenBase(wall)
 		var d lockDoc
 		if write && s.scans && s.knownLock(sk) {
 			write = false // seen to exist: read it rather than collide
@@ -157,7 +170,8 @@ func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 		if err != nil {
 			return driver.LockRecord{}, false, ctxErr(ctx, err)
 		}
-		t = now()
+		wall = time.Now()
+		t = wall.UTC().Truncate(time.Millisecond) // now()
 		switch {
 		case d.liveAt(t) && d.Owner != owner:
 			return d.record(key), false, nil
@@ -177,7 +191,7 @@ func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 			}
 		default:
 			// Free: compare-and-swap on the token read.
-			tok := max(driver.TokenBase(t), d.Token+1)
+			tok := max(tokenBase(wall), d.Token+1)
 			f := append(s.nsKey(sk), bson.E{Key: "token", Value: d.Token}, free(t))
 			u := bson.D{{Key: "$set", Value: bson.D{{Key: "key", Value: sk}, {Key: "owner", Value: owner}, {Key: "token", Value: tok},
 				{Key: "acquiredAt", Value: t}, {Key: "expiresAt", Value: after(t, ttl)}, {Key: "released", Value: false},

@@ -741,3 +741,43 @@ func TestMixedFleetCircuitReopenedByNode(t *testing.T) {
 		t.Fatalf("TryProbe an hour after the adapter re-opened: %+v granted=%v err=%v", rec, granted, err)
 	}
 }
+
+// TestMixedFleetTokensAfterForeignDelete: another program deleting warden's
+// live lock document between two acquisitions (the adapter's forceRelease
+// is a deleteOne on the key), even within the same millisecond, never
+// makes warden hand out a token that is not above every token it handed
+// out before.
+func TestMixedFleetTokensAfterForeignDelete(t *testing.T) {
+	bothPaths(t, testMixedTokensAfterForeignDelete)
+}
+
+func testMixedTokensAfterForeignDelete(t *testing.T, mongoPaths bool) {
+	ctx := context.Background()
+	n, st, db := mixed(t, mongoPaths)
+	lk := st.Driver().Locks()
+	locks := db.Collection(mongo.DefaultLocksCollection)
+	var last int64
+	check := func(round int, how string) {
+		t.Helper()
+		rec, ok, err := lk.Acquire(ctx, "t", fmt.Sprint("go-", how, round), time.Minute)
+		if err != nil || !ok {
+			t.Fatalf("%s round %d: ok=%v err=%v", how, round, ok, err)
+		}
+		if rec.Token <= last {
+			t.Fatalf("%s round %d: token %d after %d", how, round, rec.Token, last)
+		}
+		last = rec.Token
+	}
+	// A raw deleteOne right after each acquisition.
+	for i := range 500 {
+		check(i, "deleteOne")
+		if _, err := locks.DeleteOne(ctx, bson.D{{Key: "key", Value: mixedPrefix + "lock:t"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The adapter's own forceRelease.
+	for i := range 200 {
+		check(i, "forceRelease")
+		n.must("forceRelease", map[string]any{"key": "t"}, nil)
+	}
+}

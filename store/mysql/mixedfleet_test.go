@@ -816,3 +816,40 @@ func TestMixedFleetCheckpointsOnWardenTables(t *testing.T) {
 		t.Fatalf("the adapter reads warden's checkpoint (time %d) as %+v", saved.Time.UnixMilli(), got)
 	}
 }
+
+// TestMixedFleetTokensAfterForeignDelete: another program deleting a live
+// lock row between two acquisitions (the adapter's forceRelease is a
+// DELETE), even within the same millisecond, never makes warden hand out a
+// token that is not above every token it handed out before.
+func TestMixedFleetTokensAfterForeignDelete(t *testing.T) {
+	ctx := context.Background()
+	name, db := mixedDB(t)
+	st := openMixed(t, name)
+	l := st.Locks()
+	var last int64
+	check := func(round int, how string) {
+		t.Helper()
+		rec, ok, err := l.Acquire(ctx, "t", fmt.Sprint("go-", how, round), time.Minute)
+		if err != nil || !ok {
+			t.Fatalf("%s round %d: ok=%v err=%v", how, round, ok, err)
+		}
+		if rec.Token <= last {
+			t.Fatalf("%s round %d: token %d after %d", how, round, rec.Token, last)
+		}
+		last = rec.Token
+	}
+	// A raw DELETE right after each acquisition.
+	for i := range 3000 {
+		check(i, "delete")
+		if _, err := db.Exec("DELETE FROM go_goscope_locks WHERE `key` = ?", mixedPrefix+"lock:t"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The adapter's own forceRelease.
+	node := startNode(t, name, "UTC")
+	node.must("connect", nil, nil)
+	for i := range 1000 {
+		check(i, "forceRelease")
+		node.must("forceRelease", map[string]any{"key": "t"}, nil)
+	}
+}

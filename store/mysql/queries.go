@@ -33,9 +33,17 @@ type queries struct {
 }
 
 const (
-	nowSQL   = "UTC_TIMESTAMP(3)"
-	expSQL   = "TIMESTAMPADD(MICROSECOND, ?, UTC_TIMESTAMP(3))"
-	tokenSQL = "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000 * 4096)"
+	nowSQL = "UTC_TIMESTAMP(3)"
+	expSQL = "TIMESTAMPADD(MICROSECOND, ?, UTC_TIMESTAMP(3))"
+	// tokenSQL: the token base, from the database clock in microseconds
+	// µs: (µs DIV 1000) × 4096 + (µs MOD 1000) × 4096 DIV 1000, about 4.1
+	// per microsecond. It is never below driver.TokenBase of the same
+	// instant (ms × 4096), so tokens stored before stay below new ones, and
+	// a row another program deleted and warden recreated at least a
+	// microsecond later starts above every token the old row handed out.
+	// Exact integer arithmetic, far from overflow.
+	tokenSQL = "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 * 4096 + " +
+		"TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) MOD 1000 * 4096 DIV 1000)"
 )
 
 const (
@@ -78,8 +86,9 @@ func buildQueries(t Tables, cpMillis bool) queries {
 	// ----- locks
 	// free: no live holding, or owner holds it. same: owner's live holding.
 	// A new holder's token is one more than the row's, and never below
-	// the clock's token base: rows the go-go-scope adapter inserted have
-	// token 0, and it deletes the rows warden keeps after release.
+	// the clock's token base (tokenSQL, finer than a millisecond): rows
+	// the go-go-scope adapter inserted have token 0, and it deletes the
+	// rows warden keeps, even live ones (forceRelease).
 	free := "(RELEASED OR expires_at <= NOW OR owner = VALUES(owner))"
 	same := "(NOT RELEASED AND expires_at > NOW AND owner = VALUES(owner))"
 	q.lockAcquire = sub(`INSERT INTO {L} (namespace, ` + "`key`" + `, owner, token, created_at, acquired_at, expires_at, released_at, updated_at)
