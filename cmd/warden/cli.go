@@ -444,11 +444,23 @@ func scrubSecrets(s, rawURL string) string {
 		if driver.SecretParam(name) {
 			secrets = append(secrets, vals...)
 		}
-		// A URL given as a parameter (endpoint=http://user:password@…).
+		// A URL given as a parameter (endpoint=http://user:password@…),
+		// or addresses with credentials (addr=user:password@host:port,…).
 		for _, v := range vals {
 			if nu, ok := nestedURL(v); ok && nu.User != nil {
 				if pw, ok := nu.User.Password(); ok {
 					secrets = append(secrets, pw)
+				}
+				continue
+			}
+			for _, a := range strings.Split(v, ",") {
+				if at := strings.LastIndex(a, "@"); at >= 0 {
+					if _, pw, ok := strings.Cut(a[:at], ":"); ok {
+						secrets = append(secrets, pw)
+						if upw, err := url.PathUnescape(pw); err == nil {
+							secrets = append(secrets, upw)
+						}
+					}
 				}
 			}
 		}
@@ -463,8 +475,47 @@ func scrubSecrets(s, rawURL string) string {
 			forms = append(forms, url.QueryEscape(f))
 		}
 		for _, form := range forms {
-			s = strings.ReplaceAll(s, form, "xxxxx")
+			// In a URL's or an address's user information the password is
+			// masked whatever its length.
+			s = strings.ReplaceAll(s, ":"+form+"@", ":xxxxx@")
+			s = strings.ReplaceAll(s, "%3A"+form+"%40", "%3Axxxxx%40")
+			// Elsewhere only a password long enough to be told from the
+			// words of a message, and only as a whole token: a short one
+			// ("e", "test") must not mangle the message around it.
+			if len(secret) >= minMaskedSecret {
+				s = replaceToken(s, form, "xxxxx")
+			}
 		}
 	}
 	return s
+}
+
+// minMaskedSecret is the length from which a password is masked wherever it
+// appears in a message as a whole token, not only in user information.
+const minMaskedSecret = 5
+
+// replaceToken replaces the occurrences of old in s that are not part of a
+// longer word (no letter or digit right before or after).
+func replaceToken(s, old, repl string) string {
+	var b strings.Builder
+	for {
+		i := strings.Index(s, old)
+		if i < 0 {
+			b.WriteString(s)
+			return b.String()
+		}
+		end := i + len(old)
+		if (i > 0 && isWordByte(s[i-1])) || (end < len(s) && isWordByte(s[end])) {
+			b.WriteString(s[:i+1])
+			s = s[i+1:]
+			continue
+		}
+		b.WriteString(s[:i])
+		b.WriteString(repl)
+		s = s[end:]
+	}
+}
+
+func isWordByte(c byte) bool {
+	return c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
 }

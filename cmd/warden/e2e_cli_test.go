@@ -541,3 +541,32 @@ func TestE2ELockRunArgsAfterCmdAreTheCommands(t *testing.T) {
 		}
 	}
 }
+
+// TestE2EAddrPasswordNeverPrinted: the password of a Redis cluster address
+// given as addr=user:password@host:port is masked in errors and in --help.
+func TestE2EAddrPasswordNeverPrinted(t *testing.T) {
+	url := "redis://127.0.0.1:1?addr=u:S3cretPW@127.0.0.1:2&cluster=true"
+	for _, args := range [][]string{{"--timeout", "5s", "lock", "ls"}, {"--help"}, {"lock", "ls", "--help"}} {
+		r := runWarden(t, nil, append([]string{"--store", url}, args...)...)
+		if strings.Contains(r.stdout+r.stderr, "S3cretPW") || !strings.Contains(r.stdout+r.stderr, "u:xxxxx@") {
+			t.Fatalf("%q printed the password or no masked address: %s", args, r)
+		}
+	}
+	r := runWarden(t, []string{"WARDEN_STORE=" + url}, "--help")
+	if strings.Contains(r.stdout+r.stderr, "S3cretPW") || !strings.Contains(r.stdout, "u:xxxxx@") {
+		t.Fatalf("--help with WARDEN_STORE: %s", r)
+	}
+}
+
+// TestE2EShortPasswordKeepsMessage: a short password is masked in the URL
+// without mangling the words of the message that contain it.
+func TestE2EShortPasswordKeepsMessage(t *testing.T) {
+	for _, pw := range []string{"e", "test"} {
+		r := runWarden(t, nil, "--store", "mysql://root:"+pw+"@127.0.0.1:1/test?prefix=rev:", "--timeout", "5s", "lock", "ls")
+		want(t, r, exitUnreachable)
+		if !strings.HasPrefix(r.stderr, `warden: store unreachable: open "mysql://root:xxxxx@127.0.0.1:1/test?prefix=rev:": `) ||
+			strings.Contains(r.stderr, ":"+pw+"@") || !strings.Contains(r.stderr, "connection refused") {
+			t.Fatalf("password %q: %s", pw, r)
+		}
+	}
+}
