@@ -570,3 +570,30 @@ func TestE2EShortPasswordKeepsMessage(t *testing.T) {
 		}
 	}
 }
+
+// TestE2EHelpListsEveryStore: the Stores section of warden --help shows a
+// URL of every scheme this build registers, and so does the package doc.
+func TestE2EHelpListsEveryStore(t *testing.T) {
+	r := runWarden(t, nil, "--help")
+	want(t, r, 0)
+	_, stores, ok := strings.Cut(r.stdout, "\nStores (registered schemes: ")
+	if !ok {
+		t.Fatalf("no Stores section: %s", r)
+	}
+	header, stores, _ := strings.Cut(stores, "\n")
+	stores, _, _ = strings.Cut(stores, "\n\n")
+	doc, err := os.ReadFile("main.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pkgDoc, _, _ := strings.Cut(string(doc), "\npackage main")
+	pkgDoc = strings.ReplaceAll(pkgDoc, "\n// ", " ")
+	for _, scheme := range strings.Split(strings.TrimSuffix(header, "):"), ", ") {
+		if !strings.Contains(stores, scheme+"://") {
+			t.Errorf("--help Stores lists no %s:// URL:\n%s", scheme, stores)
+		}
+		if !strings.Contains(pkgDoc, scheme+"://") {
+			t.Errorf("main.go package doc does not list %s://", scheme)
+		}
+	}
+}

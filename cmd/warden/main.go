@@ -2,8 +2,9 @@
 // store: run a command under a distributed lock, inspect and release locks,
 // force circuit breakers open or closed, read and write the cache, and look
 // at idempotency keys and task checkpoints, on any store warden can open
-// (this build: memory://, sqlite://, mysql://, mongodb://, mongodb+srv://
-// and dynamodb://).
+// (this build: memory://, sqlite://, mysql://, postgres://, postgresql://,
+// redis://, rediss://, unix:// (Redis), mongodb://, mongodb+srv:// and
+// dynamodb://).
 //
 //	warden lock run nightly-report -- ./report.sh
 //	warden --store 'sqlite:///var/lib/app/warden.db?prefix=billing:' lock ls

@@ -286,6 +286,8 @@ Stores (registered schemes: %s):
   sqlite:///abs/path/file.db, sqlite://rel/path.db   the embedded default, shared by the processes of one host
   memory://                                          in this process only (useful for trying commands)
   mysql://user:pass@host:3306/db                     MySQL 8.0+ / MariaDB
+  postgres://user:pass@host:5432/db, postgresql://…  PostgreSQL (lock and circuit events via LISTEN/NOTIFY)
+  redis://host:6379/0, rediss://…, unix:///sock      Redis; Cluster redis://h1:7000?addr=h2:7001&cluster=true
   mongodb://host:27017/db, mongodb+srv://host/db     MongoDB (lock and circuit events via a capped collection)
   dynamodb://TABLE?region=R[&endpoint=URL]           DynamoDB (credentials from the AWS SDK's default chain)
   Every store takes ?prefix=NAME: for its namespace, e.g. sqlite://warden.db?prefix=billing:
