@@ -439,7 +439,7 @@ func TestMigratePingVersion(t *testing.T) {
 	eachStore(t, func(t *testing.T, url string) {
 		r := invoke(t, "", "--store", url, "migrate")
 		want(t, r, 0)
-		wantLines(t, r, `migrated the (memory|sqlite) store at \S+: tables and indexes are in place`)
+		wantLines(t, r, `migrated the (memory|sqlite) store at "\S+": tables and indexes are in place`)
 		r = invoke(t, "", "--store", url, "-o", "json", "migrate")
 		want(t, r, 0)
 		wantKeys(t, r.stdout, "store", "url", "migrated")

@@ -597,3 +597,14 @@ func TestE2EHelpListsEveryStore(t *testing.T) {
 		}
 	}
 }
+
+// TestE2EMigratePrefixColon: a prefix ending in ':' is not followed by a
+// second colon in migrate's report.
+func TestE2EMigratePrefixColon(t *testing.T) {
+	url := "sqlite://" + filepath.Join(t.TempDir(), "s.db") + "?prefix=rev010:"
+	r := runWarden(t, nil, "--store", url, "migrate")
+	want(t, r, 0)
+	if strings.Contains(r.stdout, "::") || r.stdout != `migrated the sqlite store at "`+url+`": tables and indexes are in place`+"\n" {
+		t.Fatalf("migrate: %s", r)
+	}
+}

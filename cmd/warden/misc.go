@@ -65,7 +65,7 @@ func migrate(ctx context.Context, c *cli, _ []string) error {
 			Migrated bool   `json:"migrated"`
 		}{name, c.redactedStore(), true})
 	}
-	return c.printf("migrated the %s store at %s: tables and indexes are in place", name, c.redactedStore())
+	return c.printf("migrated the %s store at %q: tables and indexes are in place", name, c.redactedStore())
 }
 
 func ping(ctx context.Context, c *cli, _ []string) error {
