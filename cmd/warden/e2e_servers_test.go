@@ -163,3 +163,34 @@ func TestE2EServerWatchPolledOrder(t *testing.T) {
 		t.Fatalf("the first holding's end %+v, want it before and no later than %+v", end, b)
 	}
 }
+
+// TestE2EServerLoginOrDatabaseRefused: a PostgreSQL or Redis server that
+// refuses the login or has no such database makes the store unusable, exit
+// 5, as with MySQL.
+func TestE2EServerLoginOrDatabaseRefused(t *testing.T) {
+	for _, c := range []struct {
+		env    string
+		modify func(u *url.URL)
+	}{
+		{"WARDEN_TEST_POSTGRES_URL", func(u *url.URL) { u.Path = "/nodb_warden_cli" }},
+		{"WARDEN_TEST_POSTGRES_URL", func(u *url.URL) { u.User = url.UserPassword("nouser_warden_cli", "x") }},
+		{"WARDEN_TEST_REDIS_URL", func(u *url.URL) { u.User = url.UserPassword("nouser_warden_cli", "S3cretPW") }},
+		{"WARDEN_TEST_REDIS_URL", func(u *url.URL) { u.Path = "/99" }},
+	} {
+		base := os.Getenv(c.env)
+		if base == "" {
+			t.Logf("%s not set: skipped", c.env)
+			continue
+		}
+		u, err := url.Parse(base)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.modify(u)
+		r := runWarden(t, nil, "--store", u.String(), "lock", "ls")
+		want(t, r, exitUnreachable)
+		if strings.Contains(r.stderr, "S3cretPW") {
+			t.Fatalf("%s: printed the password: %s", u.Redacted(), r)
+		}
+	}
+}

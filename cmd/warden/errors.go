@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
@@ -39,7 +40,7 @@ var exitCodes = []struct {
 	{exitUsage, "usage: unknown command or flag, missing argument, invalid key, pattern or store URL"},
 	{exitHeld, "lock not acquired (held elsewhere), or circuit open (breaker show)"},
 	{exitNotFound, "not found: no such lock, circuit, cache entry, idempotency key or checkpoint"},
-	{exitUnreachable, "store unreachable or unusable: no answer within --timeout, network error, login or database refused (MySQL access denied, unknown database), SQLite file missing (for read commands), unreadable or read-only (for writes)"},
+	{exitUnreachable, "store unreachable or unusable: no answer within --timeout, network error, login or database refused (access denied, unknown database), SQLite file missing (for read commands), unreadable or read-only (for writes)"},
 	{exitLeaseLost, "lock run: the lock was lost while the command ran (the command was stopped)"},
 	{exitInterrupted, "interrupted (SIGINT, SIGTERM or SIGHUP)"},
 }
@@ -118,7 +119,8 @@ var errInterrupted = errors.New("interrupted")
 // Store unreachable (5) is: a --timeout that expired; a network error
 // (net.Error, connection refused, reset or aborted, host or network
 // unreachable); a MySQL login or database the server refuses (1044, 1045,
-// 1049, 1698); and, for SQLite, a database file that cannot be opened
+// 1049, 1698), a PostgreSQL one (SQLSTATE 28000, 28P01, 3D000) or a Redis
+// one (WRONGPASS, NOAUTH, NOPERM, a DB index out of range); and, for SQLite, a database file that cannot be opened
 // (SQLITE_CANTOPEN: a directory that does not exist, a path that is a
 // directory), is not a database (SQLITE_NOTADB), cannot be read
 // (SQLITE_IOERR), is missing (a command that only reads opens it
@@ -189,6 +191,25 @@ func unreachable(err error) bool {
 		switch me.Number {
 		case mysqlDBAccessDenied, mysqlAccessDenied, mysqlBadDB, mysqlAccessDeniedNoPassword:
 			return true
+		}
+	}
+	// PostgreSQL refused the login (28000, 28P01) or does not have the
+	// database (3D000).
+	var pe interface{ SQLState() string }
+	if errors.As(err, &pe) {
+		switch pe.SQLState() {
+		case "28000", "28P01", "3D000":
+			return true
+		}
+	}
+	// Redis refused the login or does not have the database number.
+	var re goredis.Error
+	if errors.As(err, &re) {
+		msg := re.Error()
+		for _, p := range []string{"WRONGPASS", "NOAUTH", "NOPERM", "ERR DB index is out of range", "ERR invalid DB index", "ERR invalid password", "ERR AUTH"} {
+			if strings.HasPrefix(msg, p) {
+				return true
+			}
 		}
 	}
 	// SQLite's errors (modernc.org/sqlite) carry their result code; other
