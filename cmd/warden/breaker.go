@@ -56,11 +56,12 @@ fail fast until its open period passes and a probe succeeds, or until
 			setup:   noFlags(breakerSetter(driver.Open)),
 		},
 		{
-			path:    "breaker close",
-			args:    "NAME",
-			summary: "force a circuit breaker closed, resetting its failures",
-			need:    []string{"NAME"},
-			maxArgs: 1,
+			path:     "breaker close",
+			noCreate: true,
+			args:     "NAME",
+			summary:  "force a circuit breaker closed, resetting its failures",
+			need:     []string{"NAME"},
+			maxArgs:  1,
 			help: `
 Forces the circuit breaker NAME closed and resets its failure count, in
 every process that uses it. Exits 4, creating nothing, if NAME has no
@@ -69,11 +70,12 @@ record: such a circuit already reads as closed.`,
 			setup:   noFlags(breakerSetter(driver.Closed)),
 		},
 		{
-			path:    "breaker reset",
-			args:    "NAME",
-			summary: "delete a circuit breaker's record (it reads as closed)",
-			need:    []string{"NAME"},
-			maxArgs: 1,
+			path:     "breaker reset",
+			noCreate: true,
+			args:     "NAME",
+			summary:  "delete a circuit breaker's record (it reads as closed)",
+			need:     []string{"NAME"},
+			maxArgs:  1,
 			help: `
 Deletes the record of the circuit breaker NAME: it reads as closed with no
 failures, as if it had never recorded anything. Exits 4 if it has no

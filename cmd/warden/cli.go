@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net/url"
 	"os"
@@ -54,6 +55,9 @@ type cli struct {
 	isTerminal func() bool
 	// readOnly: the command only reads the store (command.readOnly).
 	readOnly bool
+	// noCreate: the command only deletes or modifies existing records
+	// (command.noCreate).
+	noCreate bool
 	// ran is set when a command's own function ran: an error is then the
 	// command's, not cobra's about the command line.
 	ran bool
@@ -177,6 +181,15 @@ func (c *cli) openStore(ctx context.Context) (*warden.Store, error) {
 	raw := c.g.store
 	if c.readOnly && c.scheme() == "sqlite" {
 		raw = withParam(raw, "mode", "ro")
+	}
+	if c.noCreate && c.scheme() == "sqlite" {
+		// A command that can only delete or modify existing records must
+		// not create a database at a mistyped path.
+		if path := sqliteFile(raw); path != "" {
+			if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+				return nil, &sqliteOpenError{err: quoteOpenURL(fmt.Errorf("warden: open %s: %w", driver.RedactURL(mustParse(raw)), err), raw, c.g.store), readOnly: true}
+			}
+		}
 	}
 	st, err := warden.OpenWith(ctx, raw, &warden.Options{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
@@ -518,4 +531,32 @@ func replaceToken(s, old, repl string) string {
 
 func isWordByte(c byte) bool {
 	return c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
+}
+
+// sqliteFile returns the file path of a sqlite:// URL, or "" if it has none.
+func sqliteFile(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return ""
+	}
+	switch {
+	case u.Opaque != "":
+		p, err := url.PathUnescape(u.Opaque)
+		if err != nil {
+			return ""
+		}
+		return p
+	case u.Host != "":
+		return u.Host + u.Path
+	}
+	return u.Path
+}
+
+// mustParse parses a URL already checked by checkStoreURL.
+func mustParse(raw string) *url.URL {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return &url.URL{}
+	}
+	return u
 }

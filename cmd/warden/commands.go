@@ -28,6 +28,9 @@ type command struct {
 	// where the store can (sqlite: ?mode=ro), so that it works on a
 	// read-only file and never creates a database at a mistyped path.
 	readOnly bool
+	// noCreate: the command can only delete or modify existing records, so
+	// it never creates a database at a mistyped path (sqlite).
+	noCreate bool
 	// setup registers the command's flags on fs and returns the function
 	// that runs it with their values.
 	setup func(fs *pflag.FlagSet) runFunc

@@ -608,3 +608,23 @@ func TestE2EMigratePrefixColon(t *testing.T) {
 		t.Fatalf("migrate: %s", r)
 	}
 }
+
+// TestE2EDeleteCommandsCreateNoDatabase: commands that can only delete or
+// modify existing records never create a database at a mistyped path.
+func TestE2EDeleteCommandsCreateNoDatabase(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "typo.db")
+	for _, args := range [][]string{
+		{"breaker", "close", "x"},
+		{"breaker", "reset", "x"},
+		{"cache", "del", "a"},
+		{"lock", "release", "k", "--force"},
+		{"idem", "rm", "k"},
+	} {
+		r := runWarden(t, nil, append([]string{"--store", "sqlite://" + path + "?prefix=rev005:"}, args...)...)
+		want(t, r, exitUnreachable)
+		if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("%q created %s (%v): %s", args, path, err, r)
+		}
+	}
+}

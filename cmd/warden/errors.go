@@ -239,7 +239,7 @@ type sqliteOpenError struct {
 
 func (e *sqliteOpenError) Error() string {
 	if e.readOnly && errors.Is(e.err, fs.ErrNotExist) {
-		return e.err.Error() + " (commands that only read never create a database: check the path, or create it with 'warden migrate')"
+		return e.err.Error() + " (commands that only read, delete or modify records never create a database: check the path, or create it with 'warden migrate')"
 	}
 	return e.err.Error()
 }

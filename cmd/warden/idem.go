@@ -40,11 +40,12 @@ base64). Exits 4 if there is no live record.`,
 			setup:   noFlags(idemShow),
 		},
 		{
-			path:    "idem rm",
-			args:    "KEY",
-			summary: "remove an idempotency record",
-			need:    []string{"KEY"},
-			maxArgs: 1,
+			path:     "idem rm",
+			noCreate: true,
+			args:     "KEY",
+			summary:  "remove an idempotency record",
+			need:     []string{"KEY"},
+			maxArgs:  1,
 			help: `
 Removes the idempotency record KEY, so that the next call with this key runs
 the operation again. Removing a pending record lets a duplicate run while

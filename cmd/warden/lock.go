@@ -90,11 +90,12 @@ acquired and when it expires unless renewed. Exits 4 if nobody holds it.`,
 			setup:   noFlags(lockShow),
 		},
 		{
-			path:    "lock release",
-			args:    "KEY --force",
-			summary: "end the holding of a lock, whoever holds it",
-			need:    []string{"KEY"},
-			maxArgs: 1,
+			path:     "lock release",
+			noCreate: true,
+			args:     "KEY --force",
+			summary:  "end the holding of a lock, whoever holds it",
+			need:     []string{"KEY"},
+			maxArgs:  1,
 			help: `
 Ends the current holding of the lock KEY, whoever holds it. The holder is
 not asked: it learns it lost the lock at its next renewal (a 'warden lock

@@ -157,6 +157,7 @@ func (c *cli) leaf(cmd *command, name string) *cobra.Command {
 		}
 		c.args = pos
 		c.readOnly = cmd.readOnly
+		c.noCreate = cmd.noCreate
 		if err := c.checkGlobals(cc, cmd.path); err != nil {
 			return err
 		}
