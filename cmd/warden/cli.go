@@ -152,6 +152,20 @@ func checkStoreURL(raw string) error {
 				if err := check("its "+name+"= parameter", nu); err != nil {
 					return err
 				}
+				continue
+			}
+			if name == "addr" {
+				// Further addresses (Redis Cluster, Sentinel):
+				// [user:password@]host:port, one a parameter or
+				// comma-separated.
+				for _, a := range strings.Split(v, ",") {
+					if at := strings.LastIndex(a, "@"); at >= 0 {
+						a = a[at+1:]
+					}
+					if err := check("its addr= parameter", &url.URL{Host: a}); err != nil {
+						return err
+					}
+				}
 			}
 		}
 	}

@@ -628,3 +628,18 @@ func TestE2EDeleteCommandsCreateNoDatabase(t *testing.T) {
 		}
 	}
 }
+
+// TestE2EAddrInvalidPort: an invalid port in a further address (addr=) is a
+// usage error, exit 2, like one in the store URL's own host.
+func TestE2EAddrInvalidPort(t *testing.T) {
+	for _, url := range []string{
+		"redis://127.0.0.1:6379?addr=127.0.0.1:99999&cluster=true",
+		"redis://127.0.0.1:6379?addr=u:pw@127.0.0.1:7001,127.0.0.1:0&cluster=true",
+	} {
+		r := runWarden(t, nil, "--store", url, "--timeout", "5s", "lock", "ls")
+		want(t, r, exitUsage)
+		if !strings.Contains(r.stderr, "invalid port") || !strings.Contains(r.stderr, "addr=") || strings.Contains(r.stderr, ":pw@") {
+			t.Fatalf("%s: %s", url, r)
+		}
+	}
+}
