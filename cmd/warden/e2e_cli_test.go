@@ -643,3 +643,14 @@ func TestE2EAddrInvalidPort(t *testing.T) {
 		}
 	}
 }
+
+// TestE2ELockWatchLongPatternRefused: lock watch refuses a pattern longer
+// than the longest key (exit 2) in one short line, instead of watching.
+func TestE2ELockWatchLongPatternRefused(t *testing.T) {
+	_, url := e2eStore(t)
+	r := runWarden(t, nil, "--store", url, "lock", "watch", strings.Repeat("p", 10000), "--count", "1")
+	want(t, r, exitUsage)
+	if len(r.stderr) > 300 || !strings.Contains(r.stderr, "invalid pattern: 10000 bytes") {
+		t.Fatalf("want one short line naming the pattern's length: %.400s", r.stderr)
+	}
+}

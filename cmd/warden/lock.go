@@ -259,6 +259,11 @@ func lockWatch(ctx context.Context, c *cli, pattern string, n int) error {
 	if _, err := warden.ParsePattern(pattern); err != nil {
 		return err
 	}
+	if len(pattern) > driver.MaxKeyBytes {
+		// Matching such a pattern against every event would cost without
+		// end; no useful pattern is longer than the longest key.
+		return fmt.Errorf("%w: %d bytes, the limit is %d", warden.ErrInvalidPattern, len(pattern), driver.MaxKeyBytes)
+	}
 	octx, ocancel := c.storeContext(ctx)
 	st, err := c.openStore(octx)
 	ocancel()
