@@ -58,6 +58,8 @@ type cli struct {
 	// noCreate: the command only deletes or modifies existing records
 	// (command.noCreate).
 	noCreate bool
+	// path: the running command's path ("cache set"), "" before one runs.
+	path string
 	// ran is set when a command's own function ran: an error is then the
 	// command's, not cobra's about the command line.
 	ran bool
@@ -368,7 +370,18 @@ func (c *cli) message(err error) string {
 		}
 	case exitUsage:
 		var ue *usageError
-		if !errors.As(err, &ue) {
+		var we *warden.Error
+		switch {
+		case errors.As(err, &ue):
+		case errors.As(err, &we) && c.path != "":
+			// A bad argument reported by the store: named by the
+			// command, not the store's operation.
+			msg = c.path
+			if we.Key != "" {
+				msg += " " + strconv.Quote(we.Key)
+			}
+			msg += ": " + strings.TrimPrefix(we.Err.Error(), "warden: ") + " (see 'warden " + c.path + " --help')"
+		default:
 			// A bad store URL or argument reported by the store.
 			msg += " (see 'warden --help')"
 		}

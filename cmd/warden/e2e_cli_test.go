@@ -654,3 +654,23 @@ func TestE2ELockWatchLongPatternRefused(t *testing.T) {
 		t.Fatalf("want one short line naming the pattern's length: %.400s", r.stderr)
 	}
 }
+
+// TestE2EStoreArgumentErrorsNameTheCommand: an argument the store refuses
+// is reported under the command's name, pointing to its own help, not
+// under the store's internal operation name.
+func TestE2EStoreArgumentErrorsNameTheCommand(t *testing.T) {
+	_, url := e2eStore(t)
+	for _, c := range []struct {
+		args []string
+		msg  string
+	}{
+		{[]string{"cache", "set", "k3", "v", "--ttl", "1ns"}, `warden: cache set "k3": invalid argument: ttl 1ns is under one millisecond (see 'warden cache set --help')` + "\n"},
+		{[]string{"cache", "set", "", "v"}, `warden: cache set: invalid key: empty (see 'warden cache set --help')` + "\n"},
+	} {
+		r := runWarden(t, nil, append([]string{"--store", url}, c.args...)...)
+		want(t, r, exitUsage)
+		if r.stderr != c.msg {
+			t.Fatalf("%q: want %q, got %s", c.args, c.msg, r)
+		}
+	}
+}

@@ -158,6 +158,7 @@ func (c *cli) leaf(cmd *command, name string) *cobra.Command {
 		c.args = pos
 		c.readOnly = cmd.readOnly
 		c.noCreate = cmd.noCreate
+		c.path = cmd.path
 		if err := c.checkGlobals(cc, cmd.path); err != nil {
 			return err
 		}
