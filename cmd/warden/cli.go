@@ -350,6 +350,11 @@ func quoteOpenURL(err error, raw, shown string) error {
 	}
 	if su, err := url.Parse(shown); err == nil {
 		redacted, raw = driver.RedactURL(su), shown
+		if redacted == su.String() {
+			// Nothing to hide: show the URL as given ("mysql://", which
+			// url.URL would print as "mysql:").
+			redacted = shown
+		}
 	}
 	return &openError{url: scrubSecrets(redacted, raw), err: cause}
 }

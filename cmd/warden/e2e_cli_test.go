@@ -674,3 +674,13 @@ func TestE2EStoreArgumentErrorsNameTheCommand(t *testing.T) {
 		}
 	}
 }
+
+// TestE2EOpenErrorShowsURLAsGiven: a store URL without secrets is echoed as
+// given, not as Go's url package reprints it.
+func TestE2EOpenErrorShowsURLAsGiven(t *testing.T) {
+	r := runWarden(t, nil, "--store", "mysql://", "lock", "ls")
+	want(t, r, exitUsage)
+	if !strings.HasPrefix(r.stderr, `warden: open "mysql://": `) {
+		t.Fatalf("want the URL as given: %s", r)
+	}
+}
