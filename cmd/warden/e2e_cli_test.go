@@ -684,3 +684,13 @@ func TestE2EOpenErrorShowsURLAsGiven(t *testing.T) {
 		t.Fatalf("want the URL as given: %s", r)
 	}
 }
+
+// TestE2EStoreFlagTakesCommand: "warden --store ping" (the URL forgotten)
+// says the command was taken as the URL, in one line, not the whole help.
+func TestE2EStoreFlagTakesCommand(t *testing.T) {
+	r := runWarden(t, nil, "--store", "ping")
+	want(t, r, exitUsage)
+	if !strings.Contains(r.stderr, `--store "ping" is a command, not a store URL`) {
+		t.Fatalf("--store ping: %s", r)
+	}
+}

@@ -30,6 +30,12 @@ warden lock ls                                   # who holds what, until when`),
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		RunE: c.runE(func(cmd *cobra.Command, args []string) error {
+			if f := cmd.Flags().Lookup("store"); len(args) == 0 && f != nil && f.Changed {
+				// "warden --store ping": the command was taken as the URL.
+				if sub, _, err := cmd.Find([]string{f.Value.String()}); err == nil && sub != cmd {
+					return usagef(nil, "--store %q is a command, not a store URL: --store needs a URL, such as %s", f.Value.String(), defaultStore)
+				}
+			}
 			if len(args) == 0 {
 				cmd.SetOut(c.stderr)
 				if err := cmd.Help(); err != nil {
