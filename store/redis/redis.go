@@ -178,7 +178,7 @@ func openParsed(ctx context.Context, u *url.URL, base *Options) (driver.Store, e
 	}
 	if err := s.Ping(ctx); err != nil {
 		s.Close()
-		return nil, fmt.Errorf("redis: %s does not answer: %w", driver.RedactURL(u), err)
+		return nil, fmt.Errorf("redis: %w", err)
 	}
 	return s, nil
 }
