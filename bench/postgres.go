@@ -37,16 +37,16 @@ const (
 func postgresCases(base string) []Case {
 	type peer struct {
 		name string
-		mk   func(b *testing.B, ns string) redisLocker
+		mk   func(b *testing.B, ns string) peerLocker
 	}
 	peers := []peer{
-		{"raw INSERT … ON CONFLICT + DELETE (pgx; waiters poll every 1 ms)", func(b *testing.B, _ string) redisLocker { return newRawPostgres(b, base) }},
-		{"warden lock.Locker (waiters: LISTEN/NOTIFY)", newWardenRedis},
+		{"raw INSERT … ON CONFLICT + DELETE (pgx; waiters poll every 1 ms)", func(b *testing.B, _ string) peerLocker { return newRawPostgres(b, base) }},
+		{"warden lock.Locker (waiters: LISTEN/NOTIFY)", newWardenPeer},
 	}
 	var cases []Case
 	for i, p := range peers {
 		cases = append(cases, Case{Group: postgresCycleGroup, Name: p.name, Baseline: i == 0,
-			Run: func(b *testing.B) { redisCycle(b, p.mk(b, postgresURL(base))) }})
+			Run: func(b *testing.B) { peerCycle(b, p.mk(b, postgresURL(base))) }})
 	}
 	cases = append(cases, Case{Group: postgresCycleGroup, Name: "warden primitives Acquire + Release (no lease)",
 		Run: func(b *testing.B) { primitiveCycle(b, postgresURL(base)) }})
@@ -54,14 +54,14 @@ func postgresCases(base string) []Case {
 		cases = append(cases, Case{Group: postgresContendGroup, Name: p.name, Baseline: i == 0,
 			Run: func(b *testing.B) {
 				ns := postgresURL(base)
-				redisContend(b, func() redisLocker { return p.mk(b, ns) })
+				peerContend(b, func() peerLocker { return p.mk(b, ns) })
 			}})
 	}
 	for _, p := range peers {
 		cases = append(cases, Case{Group: postgresHandoffGroup, Name: p.name, Metric: HandoffMetric,
 			Run: func(b *testing.B) {
 				ns := postgresURL(base)
-				redisHandoff(b, p.mk(b, ns), p.mk(b, ns))
+				peerHandoff(b, p.mk(b, ns), p.mk(b, ns))
 			}})
 	}
 	cases = append(cases,
@@ -118,7 +118,7 @@ type rawPostgres struct {
 
 var rawPGOwners atomic.Int64
 
-func newRawPostgres(b *testing.B, base string) redisLocker {
+func newRawPostgres(b *testing.B, base string) peerLocker {
 	return rawPostgres{rawPostgresPool(b, base), fmt.Sprintf("raw-%d-%d", os.Getpid(), rawPGOwners.Add(1))}
 }
 

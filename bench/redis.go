@@ -48,11 +48,11 @@ func redisCases(base string) []Case {
 		name string
 		// mk returns a locker with connections of its own; lockers made
 		// with the same ns share the namespace (warden's prefix).
-		mk func(b *testing.B, ns string) redisLocker
+		mk func(b *testing.B, ns string) peerLocker
 	}
 	peers := []peer{
 		{"raw SET NX PX + compare-and-delete (go-redis; waiters poll every 1 ms)", newRawRedis},
-		{"warden lock.Locker (waiters: pub/sub)", newWardenRedis},
+		{"warden lock.Locker (waiters: pub/sub)", newWardenPeer},
 		{"bsm/redislock (waiters: 10 ms linear back-off)", newRedislock},
 		{"go-redsync/redsync/v4 (one pool; waiters: its default 50–250 ms delay)", newRedsync},
 		{"rueidislock (KeyMajority 1; waiters: client-side-caching invalidation)", newRueidislock},
@@ -60,7 +60,7 @@ func redisCases(base string) []Case {
 	var cases []Case
 	for i, p := range peers {
 		cases = append(cases, Case{Group: redisCycleGroup, Name: p.name, Baseline: i == 0,
-			Run: func(b *testing.B) { redisCycle(b, p.mk(b, redisURL(base))) }})
+			Run: func(b *testing.B) { peerCycle(b, p.mk(b, redisURL(base))) }})
 	}
 	cases = append(cases, Case{Group: redisCycleGroup, Name: "warden primitives Acquire + Release (no lease)",
 		Run: func(b *testing.B) { primitiveCycle(b, redisURL(base)) }})
@@ -68,14 +68,14 @@ func redisCases(base string) []Case {
 		cases = append(cases, Case{Group: redisContendGroup, Name: p.name, Baseline: i == 0,
 			Run: func(b *testing.B) {
 				ns := redisURL(base)
-				redisContend(b, func() redisLocker { return p.mk(b, ns) })
+				peerContend(b, func() peerLocker { return p.mk(b, ns) })
 			}})
 	}
 	for _, p := range peers {
 		cases = append(cases, Case{Group: redisHandoffGroup, Name: p.name, Metric: HandoffMetric,
 			Run: func(b *testing.B) {
 				ns := redisURL(base)
-				redisHandoff(b, p.mk(b, ns), p.mk(b, ns))
+				peerHandoff(b, p.mk(b, ns), p.mk(b, ns))
 			}})
 	}
 	return cases
@@ -97,10 +97,12 @@ func redisKey() string {
 	return fmt.Sprintf("bench-%d-%d-%d", os.Getpid(), time.Now().UnixNano(), redisRuns.Add(1))
 }
 
-// redisLocker is what every library under comparison offers: take a lock
+// peerLocker is what every library under comparison offers: take a lock
 // waiting for it, take it without waiting, and release it. Each one owns
-// its connections.
-type redisLocker interface {
+// its connections. The measurements below (peerCycle, peerContend,
+// peerHandoff) and wardenPeer serve every store's lock groups, Redis's and
+// PostgreSQL's alike.
+type peerLocker interface {
 	acquire(ctx context.Context, key string) (release func() error, err error)
 	try(ctx context.Context, key string) (release func() error, ok bool, err error)
 }
@@ -129,7 +131,7 @@ type rawRedis struct{ c *goredis.Client }
 
 var rawRelease = goredis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`)
 
-func newRawRedis(b *testing.B, base string) redisLocker { return rawRedis{goredisClient(b, base)} }
+func newRawRedis(b *testing.B, base string) peerLocker { return rawRedis{goredisClient(b, base)} }
 
 func (r rawRedis) try(ctx context.Context, key string) (func() error, bool, error) {
 	val := fmt.Sprint(time.Now().UnixNano())
@@ -162,18 +164,18 @@ func (r rawRedis) acquire(ctx context.Context, key string) (func() error, error)
 
 // ---- warden
 
-type wardenRedis struct{ l *lock.Locker }
+type wardenPeer struct{ l *lock.Locker }
 
-func newWardenRedis(b *testing.B, ns string) redisLocker {
+func newWardenPeer(b *testing.B, ns string) peerLocker {
 	l, err := lock.New(open(b, ns), &lock.Options{TTL: time.Minute})
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { l.Close() })
-	return wardenRedis{l}
+	return wardenPeer{l}
 }
 
-func (w wardenRedis) try(ctx context.Context, key string) (func() error, bool, error) {
+func (w wardenPeer) try(ctx context.Context, key string) (func() error, bool, error) {
 	l, err := w.l.TryAcquire(ctx, key)
 	if errors.Is(err, lock.ErrLocked) {
 		return nil, false, nil
@@ -184,7 +186,7 @@ func (w wardenRedis) try(ctx context.Context, key string) (func() error, bool, e
 	return func() error { return l.Release(ctx) }, true, nil
 }
 
-func (w wardenRedis) acquire(ctx context.Context, key string) (func() error, error) {
+func (w wardenPeer) acquire(ctx context.Context, key string) (func() error, error) {
 	l, err := w.l.Acquire(ctx, key)
 	if err != nil {
 		return nil, err
@@ -196,7 +198,7 @@ func (w wardenRedis) acquire(ctx context.Context, key string) (func() error, err
 
 type bsmLock struct{ c *redislock.Client }
 
-func newRedislock(b *testing.B, base string) redisLocker {
+func newRedislock(b *testing.B, base string) peerLocker {
 	return bsmLock{redislock.New(goredisClient(b, base))}
 }
 
@@ -223,7 +225,7 @@ func (r bsmLock) acquire(ctx context.Context, key string) (func() error, error) 
 
 type redsyncLock struct{ rs *redsync.Redsync }
 
-func newRedsync(b *testing.B, base string) redisLocker {
+func newRedsync(b *testing.B, base string) peerLocker {
 	return redsyncLock{redsync.New(redsyncgoredis.NewPool(goredisClient(b, base)))}
 }
 
@@ -251,7 +253,7 @@ func (r redsyncLock) acquire(ctx context.Context, key string) (func() error, err
 
 type rueidisLock struct{ l rueidislock.Locker }
 
-func newRueidislock(b *testing.B, base string) redisLocker {
+func newRueidislock(b *testing.B, base string) peerLocker {
 	u, err := url.Parse(base)
 	if err != nil {
 		b.Fatal(err)
@@ -290,12 +292,12 @@ func (r rueidisLock) acquire(ctx context.Context, key string) (func() error, err
 
 // ---- the measurements
 
-// redisCycle: one uncontended acquire and release per operation. The
+// peerCycle: one uncontended acquire and release per operation. The
 // acquire is the waiting one: its first attempt is immediate in every
 // library, and rueidislock releases in the background (its cancel returns
 // before the key is deleted), so its next acquire may find the key still
 // held and wait for the release.
-func redisCycle(b *testing.B, l redisLocker) {
+func peerCycle(b *testing.B, l peerLocker) {
 	ctx := context.Background()
 	key := redisKey()
 	for b.Loop() {
@@ -309,13 +311,13 @@ func redisCycle(b *testing.B, l redisLocker) {
 	}
 }
 
-// redisContend: 8 workers, each with its own locker (connections), take
+// peerContend: 8 workers, each with its own locker (connections), take
 // the one key in turn and hold it 1 ms, until b.N acquisitions in all.
-func redisContend(b *testing.B, mk func() redisLocker) {
+func peerContend(b *testing.B, mk func() peerLocker) {
 	const workers = 8
 	ctx := context.Background()
 	key := redisKey()
-	var ls []redisLocker
+	var ls []peerLocker
 	for len(ls) < workers {
 		ls = append(ls, mk())
 	}
@@ -361,7 +363,7 @@ const stallAfter = 2 * time.Second
 // acquireBounded is l.acquire bounded by stallAfter, retried after each
 // stall. The context of an acquire that succeeds in time lives until the
 // release: rueidislock ties its lock to that context.
-func acquireBounded(ctx context.Context, l redisLocker, key string, stalls *atomic.Int64) (func() error, error) {
+func acquireBounded(ctx context.Context, l peerLocker, key string, stalls *atomic.Int64) (func() error, error) {
 	for {
 		actx, cancel := context.WithCancel(ctx)
 		timer := time.AfterFunc(stallAfter, cancel)
@@ -384,9 +386,9 @@ func acquireBounded(ctx context.Context, l redisLocker, key string, stalls *atom
 	}
 }
 
-// redisHandoff: holder takes the key; waiter, on other connections, waits
+// peerHandoff: holder takes the key; waiter, on other connections, waits
 // for it; the holder releases; the latency is release → waiter acquired.
-func redisHandoff(b *testing.B, holder, waiter redisLocker) {
+func peerHandoff(b *testing.B, holder, waiter peerLocker) {
 	ctx := context.Background()
 	key := redisKey()
 	var lat []time.Duration
