@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"regexp"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -22,7 +23,7 @@ const (
 	aPk         = "pk"
 	aSk         = "sk"
 	aGpk        = "gpk" // events index partition key: EVT#<prefix><kind tag>
-	aGsk        = "gsk" // events index sort key: zero-padded ms of the write, '#', request id
+	aGsk        = "gsk" // events index sort key: zero-padded ms of the write, '#', process sequence, '#', request id
 	aTTL        = "expiresAt"
 	aExp        = "expiresAtMs"
 	aOwner      = "owner"
@@ -372,9 +373,15 @@ func (s *store) evSet(gpk string, now int64, req string, vals item) string {
 		return ""
 	}
 	vals[":gpk"] = vS(gpk)
-	vals[":gsk"] = vS(gskOf(now, req))
+	vals[":gsk"] = vS(gskOf(now, fmt.Sprintf("%016x#%s", evSeq.Add(1), req)))
 	return ", #gpk = :gpk, #gsk = :gsk"
 }
+
+// evSeq numbers this process's event writes. It follows the time in the
+// events sort key, so that writes this process made in one millisecond
+// (a release, then the next acquire of another key) are read back in the
+// order they were made, not in the order of their random request ids.
+var evSeq atomic.Uint64
 
 // gskOf is the events index sort key of a write at ms by request req:
 // the zero-padded time, so that the index sorts by it.

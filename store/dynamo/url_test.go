@@ -94,3 +94,21 @@ func TestGskOrder(t *testing.T) {
 		t.Errorf("gsk %q, %q: not ordered by time", a, b)
 	}
 }
+
+// TestGskWriteOrder: two event writes of one process in one millisecond
+// sort in the order they were made, whatever their random request ids.
+func TestGskWriteOrder(t *testing.T) {
+	s := &store{events: true, lockEvt: "EVT#lock:"}
+	for i := range 1000 {
+		a, b := item{}, item{}
+		s.evSet(s.lockEvt, 1000, reqID(), a)
+		s.evSet(s.lockEvt, 1000, reqID(), b)
+		ga, gb := gS(a, ":gsk"), gS(b, ":gsk")
+		if !(ga < gb) {
+			t.Fatalf("try %d: gsk %q written before %q sorts after it", i, ga, gb)
+		}
+		if gskMs(ga) != 1000 || gskMs(gb) != 1000 {
+			t.Fatalf("gsk %q, %q: time lost", ga, gb)
+		}
+	}
+}
