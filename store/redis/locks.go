@@ -14,8 +14,9 @@ import (
 // A lock record is a hash: o owner (empty once released), t token,
 // a acquired at, e expires at (Unix ms, server clock). The record outlives
 // its holdings, so the next holding's token continues from t; a record
-// lost to its retention or to eviction restarts from the clock
-// (driver.TokenBase), above every token it handed out. Redis expires an
+// lost to its retention, to eviction or to a DEL restarts from the clock in
+// microseconds (driver.TokenBase plus the microseconds within the
+// millisecond × 4096 / 1000), above every token it handed out. Redis expires an
 // idle record LockRetention after its holding ended.
 //
 // Lock scripts: KEYS[1] the record; ARGV[1] the events channel, ARGV[2]
@@ -45,7 +46,7 @@ if r[1] and r[1] ~= '' and e > now then
 	redis.call('PEXPIREAT', KEYS[1], fmt(e + ret))
 	return {1, tonumber(r[2]), tonumber(r[3]), e}
 end
-local tok = now * 4096
+local tok = now * 4096 + math.floor(tonumber(tm[2]) % 1000 * 4096 / 1000)
 local old = tonumber(r[2])
 if old and old >= tok then tok = old + 1 end
 e = now + ttl

@@ -224,3 +224,38 @@ func TestSentinel(t *testing.T) {
 		t.Errorf("the value set through the Sentinel: %q found=%v err=%v", e.Value, found, err)
 	}
 }
+
+// TestTokensIncreaseAfterRecordDeleted: another program deleting a lock
+// record (DEL, or eviction) between two holdings never makes the next
+// holder's token equal to or below the previous one, even when both
+// holdings begin within one millisecond of server time.
+func TestTokensIncreaseAfterRecordDeleted(t *testing.T) {
+	ctx := t.Context()
+	prefix := "deleted-" + time.Now().Format("150405000000") + ":"
+	st, err := redis.Open(ctx, serverURL(t, prefix), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	cleanNamespace(t, serverURL(t, ""), prefix)
+	admin := singleClient(t)
+	var last int64
+	for i := range 300 {
+		owner := "o" + strings.Repeat("x", i%2)
+		rec, ok, err := st.Locks().Acquire(ctx, "k", owner, time.Minute)
+		if err != nil || !ok {
+			t.Fatalf("Acquire %d: ok=%v err=%v", i, ok, err)
+		}
+		if rec.Token <= last {
+			t.Fatalf("Acquire %d after the record was deleted: token %d, previous %d", i, rec.Token, last)
+		}
+		last = rec.Token
+		keys, err := admin.Keys(ctx, prefix+"*").Result()
+		if err != nil || len(keys) != 1 {
+			t.Fatalf("the namespace's keys: %v, %v; want the one lock record", keys, err)
+		}
+		if err := admin.Del(ctx, keys[0]).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
