@@ -117,10 +117,11 @@ func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 	form := formWarden
 	for range tries {
 		s.raced("write")
-		now := nowMs()
+		t := time.Now()
+		now := t.UnixMilli()
 		exp := now + driver.Millis(ttl)
 		req := reqID()
-		base := driver.TokenBase(msTime(now))
+		base := driver.TokenBaseMicro(t)
 		vals := item{":o": vS(owner), ":now": vN(now), ":nowSec": vN(now / 1000), ":exp": vN(exp), ":ttl": vN(s.retentionTTL(exp)),
 			":base": vN(base - 1), ":base1": vN(base), ":one": vN(1), ":req": vS(req)}
 		cond, version := acquireForm(form)
@@ -143,12 +144,14 @@ func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 			// The SDK resent a write that had applied.
 			return lockRec(key, old), true, nil
 		}
-		now = nowMs()
+		t = time.Now()
+		now = t.UnixMilli()
 		form = formWarden
 		if nodeLock(old) && !lockLive(old, now) {
 			// An expired go-go-scope lock: take it over in its own form.
+			// The next attempt's base is at least TokenBaseMicro(t).
 			form = formNode
-			if has(old, aVersion) && gN(old, aVersion) >= driver.TokenBase(msTime(now)) {
+			if has(old, aVersion) && gN(old, aVersion) >= driver.TokenBaseMicro(t) {
 				form = formNodeHigh
 			}
 		}

@@ -8,6 +8,7 @@ package dynamo_test
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"reflect"
 	"strconv"
 	"strings"
@@ -285,5 +286,28 @@ func TestMixedFleetCache(t *testing.T) {
 		if e, ok, err := ca.Get(ctx, "raw"); err != nil || !ok || string(e.Value) != v {
 			t.Errorf("Get of %s: %q %v %v", v, e.Value, ok, err)
 		}
+	}
+}
+
+// TestMixedFleetTokensAfterForeignDelete: a service of the layout deleting
+// the lock item right after each of warden's acquisitions (its release is
+// a DeleteItem) never makes warden's next token equal to or below the
+// previous one. The base counts microseconds, so this holds however fast
+// the endpoint answers (dynalite's round trip alone is about a
+// millisecond).
+func TestMixedFleetTokensAfterForeignDelete(t *testing.T) {
+	n, st := mixedFleet(t)
+	var last int64
+	for i := range 300 {
+		owner := fmt.Sprint("go-", i)
+		rec, ok, err := st.Locks().Acquire(t.Context(), "t", owner, time.Minute)
+		if err != nil || !ok {
+			t.Fatalf("round %d: ok=%v err=%v", i, ok, err)
+		}
+		if rec.Token <= last {
+			t.Fatalf("round %d: token %d after %d", i, rec.Token, last)
+		}
+		last = rec.Token
+		n.release("t", rec.Owner)
 	}
 }

@@ -44,15 +44,10 @@ import (
 // as long as the clock has moved on a microsecond since.
 type locks struct{ s *store }
 
-// tokenBase is the candidate token of a holding that starts at t:
-// driver.TokenBase(t) (Unix ms × 4096) plus the microseconds within the
-// millisecond × 4096 / 1000. It is never below driver.TokenBase(t), so
-// tokens stored before stay below new ones, and it grows by about 4 every
-// microsecond, so a document deleted by another program and recreated a
-// round trip later starts above every token handed out before.
-func tokenBase(t time.Time) int64 {
-	return driver.TokenBase(t) + int64(t.Nanosecond()%1_000_000/1000)*4096/1000
-}
+// tokenBase is the candidate token of a holding that starts at t
+// (driver.TokenBaseMicro): a document deleted by another program and
+// recreated a round trip later starts above every token handed out before.
+func tokenBase(t time.Time) int64 { return driver.TokenBaseMicro(t) }
 
 type lockDoc struct {
 	Key        string     `bson:"key"`

@@ -34,9 +34,13 @@ type queries struct {
 }
 
 const (
-	nowSQL   = "date_trunc('milliseconds', clock_timestamp())"
-	withNow  = "WITH n AS MATERIALIZED (SELECT " + nowSQL + " AS t)"
-	tokenSQL = "(floor(extract(epoch FROM n.t) * 1000)::bigint * 4096)"
+	nowSQL = "date_trunc('milliseconds', clock_timestamp())"
+	// withNow fixes the statement's time: n.t in milliseconds, n.c the
+	// same instant in microseconds.
+	withNow = "WITH n AS MATERIALIZED (SELECT date_trunc('milliseconds', c.c) AS t, c.c FROM (SELECT clock_timestamp() AS c) c)"
+	// tokenSQL is driver.TokenBaseMicro of n.c: Unix ms × 4096 plus the
+	// microseconds within the millisecond × 4096 / 1000.
+	tokenSQL = "(floor(extract(epoch FROM n.t) * 1000)::bigint * 4096 + (extract(microseconds FROM n.c)::bigint % 1000) * 4096 / 1000)"
 )
 
 // ms renders a parameter of whole milliseconds as an interval.

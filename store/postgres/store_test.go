@@ -407,3 +407,30 @@ func TestStrictIsolationSessions(t *testing.T) {
 		})
 	}
 }
+
+// TestTokensAfterForeignDelete: another program deleting the lock row
+// right after each acquisition never makes the next holder's token equal
+// to or below the previous one, though the row is recreated within the
+// same millisecond of server time.
+func TestTokensAfterForeignDelete(t *testing.T) {
+	pool := rawPool(t)
+	schema := testSchema(t, pool)
+	ctx := context.Background()
+	st, err := postgres.New(pool, &postgres.Options{Schema: schema, Prefix: "tok:"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	var last int64
+	for i := range 2000 {
+		rec, ok, err := st.Locks().Acquire(ctx, "k", fmt.Sprint("w", i), time.Minute)
+		if err != nil || !ok {
+			t.Fatalf("round %d: ok=%v err=%v", i, ok, err)
+		}
+		if rec.Token <= last {
+			t.Fatalf("round %d: token %d, not above the previous %d", i, rec.Token, last)
+		}
+		last = rec.Token
+		mustExec(t, pool, `DELETE FROM `+schema+`.go_goscope_locks`)
+	}
+}

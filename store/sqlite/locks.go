@@ -44,10 +44,11 @@ func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 	sk := s.lockPfx + key
 	var rec driver.LockRecord
 	var acquired bool
-	try := func(tx *sql.Tx, now int64) error {
+	try := func(tx *sql.Tx, t time.Time) error {
+		now := t.UnixMilli()
 		row := s.queryRow(ctx, tx, s.q.lockAcquire,
 			sql.Named("key", sk), sql.Named("owner", owner), sql.Named("now", now),
-			sql.Named("exp", now+driver.Millis(ttl)), sql.Named("base", driver.TokenBase(msTime(now))))
+			sql.Named("exp", now+driver.Millis(ttl)), sql.Named("base", driver.TokenBaseMicro(t)))
 		r, err := scanLock(row, key)
 		if err == nil {
 			rec, acquired = r, true
@@ -58,7 +59,7 @@ func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 		}
 		return err
 	}
-	err := s.write(ctx, func() error { return try(nil, nowMs()) })
+	err := s.write(ctx, func() error { return try(nil, time.Now()) })
 	if err != nil || acquired {
 		return rec, acquired, err
 	}
@@ -67,7 +68,7 @@ func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 		return holder, false, err
 	}
 	err = s.tx(ctx, func(tx *sql.Tx) error {
-		if err := try(tx, nowMs()); err != nil || acquired {
+		if err := try(tx, time.Now()); err != nil || acquired {
 			return err
 		}
 		r, err := scanLock(s.queryRow(ctx, tx, s.q.lockHolder, sql.Named("key", sk)), key)

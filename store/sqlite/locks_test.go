@@ -433,3 +433,28 @@ func TestLockTokenNeverBackwards(t *testing.T) {
 		t.Fatalf("token went from %d to %d after another program's rewrite", first.Token, rec.Token)
 	}
 }
+
+// TestLockTokensAfterForeignDelete: another program deleting the lock row
+// right after each acquisition (as go-go-scope's cleanup and forceRelease
+// do) never makes the next holder's token equal to or below the previous
+// one, though the row is recreated within the same millisecond.
+func TestLockTokensAfterForeignDelete(t *testing.T) {
+	ctx := context.Background()
+	st, _ := openTest(t, nil)
+	l := st.Locks()
+	db := st.Driver().(*store).db
+	var last int64
+	for i := range 2000 {
+		rec, ok, err := l.Acquire(ctx, "t", fmt.Sprint("go-", i), time.Minute)
+		if err != nil || !ok {
+			t.Fatalf("round %d: ok=%v err=%v", i, ok, err)
+		}
+		if rec.Token <= last {
+			t.Fatalf("round %d: token %d after %d", i, rec.Token, last)
+		}
+		last = rec.Token
+		if _, err := db.ExecContext(ctx, `DELETE FROM go_goscope_locks WHERE key = 'lock:t'`); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
