@@ -14,6 +14,20 @@ if [ "$readme_example" != "$(cat "$root/examples/quickstart/main.go")" ]; then
   exit 1
 fi
 
+# The Go version the README states is the go directive of every module (the
+# Go version of the dependencies' own go.mod files sets it: modernc.org/sqlite
+# and go-redis need 1.26) and the one test.sh asks for.
+readme_go=$(sed -n 's/^warden needs Go \([0-9][0-9.]*\) or newer.*/\1/p' "$root/README.md")
+[ -n "$readme_go" ] || { echo "outside.sh: the README does not say which Go it needs ('warden needs Go X or newer')" >&2; exit 1; }
+for mod in $(cd "$root" && find . -name go.mod -not -path '*/node_modules/*' -not -path './testenv/.run/*' | sort); do
+  v=$(awk '$1 == "go" {print $2; exit}' "$root/$mod")
+  if [ "$(echo "$v" | cut -d. -f1,2)" != "$readme_go" ]; then
+    echo "outside.sh: $mod says go $v; the README says Go $readme_go" >&2; exit 1
+  fi
+done
+grep -q "Go $readme_go or newer is required" "$root/testenv/test.sh" ||
+  { echo "outside.sh: testenv/test.sh does not ask for Go $readme_go" >&2; exit 1; }
+
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 cp "$root/examples/quickstart/main.go" "$dir/"
@@ -22,7 +36,7 @@ cd "$dir"
 cat >go.mod <<MOD
 module example.com/app
 
-go 1.26
+go $readme_go
 
 require (
 	github.com/warden-go/warden v0.0.0

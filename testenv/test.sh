@@ -6,7 +6,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-command -v go >/dev/null || { echo "test.sh: Go 1.25 or newer is required (https://go.dev/dl)" >&2; exit 1; }
+command -v go >/dev/null || { echo "test.sh: Go 1.26 or newer is required (https://go.dev/dl)" >&2; exit 1; }
 
 eval "$(testenv/up.sh)"
 

@@ -6,6 +6,7 @@ import (
 	"github.com/warden-go/warden/internal/testkit"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -24,6 +25,12 @@ func TestHelp(t *testing.T) {
 		for _, e := range exitCodes {
 			if !strings.Contains(r.stdout, "\n  "+itoa(e.code)+" ") {
 				t.Fatalf("help lacks exit code %d", e.code)
+			}
+		}
+		// lock run's own codes, which the README's table lists too.
+		for _, s := range []string{`\n  126 +lock run: the command was found but is not executable\n`, `\n  127 +lock run: the command was not found\n`} {
+			if !regexp.MustCompile(s).MatchString(r.stdout) {
+				t.Fatalf("help lacks %s:\n%s", s, r.stdout)
 			}
 		}
 		for _, name := range []string{"lock", "breaker", "cache", "idem", "checkpoint", "migrate", "ping", "version", "completion", "help"} {

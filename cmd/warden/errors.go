@@ -42,6 +42,8 @@ var exitCodes = []struct {
 	{exitNotFound, "not found: no such lock, circuit, cache entry, idempotency key or checkpoint"},
 	{exitUnreachable, "store unreachable or unusable: no answer within --timeout, network error, login or database refused (access denied, unknown database), SQLite file missing (for read commands), unreadable or read-only (for writes)"},
 	{exitLeaseLost, "lock run: the lock was lost while the command ran (the command was stopped)"},
+	{exitCannotExec, "lock run: the command was found but is not executable"},
+	{exitNoCommand, "lock run: the command was not found"},
 	{exitInterrupted, "interrupted (SIGINT, SIGTERM or SIGHUP)"},
 }
 
