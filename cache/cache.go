@@ -1,7 +1,9 @@
 // Package cache is a typed cache kept in a warden store and shared by every
 // process that uses the store, with stampede protection.
 //
-//	users := cache.New[User](st, &cache.Options{TTL: time.Minute})
+//	users, err := cache.New[User](st, &cache.Options{TTL: time.Minute})
+//	if err != nil { … }
+//	defer users.Close()
 //	u, err := users.GetOrLoad(ctx, "user:42", func(ctx context.Context) (User, error) {
 //		return db.LoadUser(ctx, 42)
 //	})

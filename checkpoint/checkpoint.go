@@ -2,7 +2,7 @@
 // goes, and after a crash or a failure the next run of the same task
 // continues from the last saved state instead of starting over.
 //
-//	err := checkpoint.Run(ctx, st, "import-2024", func(ctx context.Context, cp *checkpoint.Cursor[int]) error {
+//	err := checkpoint.Run(ctx, st, "import-2024", nil, func(ctx context.Context, cp *checkpoint.Cursor[int]) error {
 //		next, _ := cp.State() // 0 on a fresh start
 //		for ; next < len(rows); next++ {
 //			if err := importRow(ctx, rows[next]); err != nil {
@@ -13,7 +13,7 @@
 //			}
 //		}
 //		return nil // done: the task's checkpoints are deleted
-//	}, nil)
+//	})
 //
 // Checkpoints are kept in the store (driver.Checkpoint records: a sequence
 // per task assigned by the store, the time, the progress 0–100, the state
