@@ -111,6 +111,7 @@ import (
 
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
+	"github.com/warden-go/warden/internal/valid"
 )
 
 // State is the state of a circuit: Closed, Open or HalfOpen.
@@ -409,10 +410,11 @@ type transition struct{ from, to State }
 
 // New returns the Breaker for circuit name on st. It does no I/O. The
 // error wraps warden.ErrInvalidKey for a bad name or owner and
-// warden.ErrInvalidArgument for a bad option.
+// warden.ErrInvalidArgument for a nil store or a bad option (a negative
+// count, a duration that is negative or under one millisecond).
 func New(st *warden.Store, name string, opts *Options) (*Breaker, error) {
 	if st == nil {
-		return nil, fmt.Errorf("breaker: %w: nil store", warden.ErrInvalidArgument)
+		return nil, valid.Nil("breaker", "store")
 	}
 	if err := warden.ValidateKey(name); err != nil {
 		return nil, fmt.Errorf("breaker: name: %w", err)
@@ -429,18 +431,13 @@ func New(st *warden.Store, name string, opts *Options) (*Breaker, error) {
 		return nil, bad("negative threshold %d", o.Threshold)
 	case o.Threshold > 0 && o.ReadyToTrip != nil:
 		return nil, bad("Threshold %d and ReadyToTrip both set (ReadyToTrip decides alone; express the threshold in it)", o.Threshold)
-	case o.Interval < 0 || (o.Interval > 0 && o.Interval < time.Millisecond):
-		return nil, bad("Interval %v is under one millisecond", o.Interval)
 	case o.HalfOpenProbes < 0:
 		return nil, bad("negative HalfOpenProbes %d", o.HalfOpenProbes)
-	case o.OpenFor < 0 || (o.OpenFor > 0 && o.OpenFor < time.Millisecond):
-		return nil, bad("OpenFor %v is under one millisecond", o.OpenFor)
-	case o.ProbeLease < 0 || (o.ProbeLease > 0 && o.ProbeLease < time.Millisecond):
-		return nil, bad("ProbeLease %v is under one millisecond", o.ProbeLease)
-	case o.SyncInterval < 0:
-		return nil, bad("negative SyncInterval %v", o.SyncInterval)
-	case o.StoreTimeout < 0:
-		return nil, bad("negative StoreTimeout %v", o.StoreTimeout)
+	}
+	if err := valid.Durations(fmt.Sprintf("breaker %q", name), valid.D{Name: "Interval", V: o.Interval},
+		valid.D{Name: "OpenFor", V: o.OpenFor}, valid.D{Name: "ProbeLease", V: o.ProbeLease},
+		valid.D{Name: "SyncInterval", V: o.SyncInterval}, valid.D{Name: "StoreTimeout", V: o.StoreTimeout}); err != nil {
+		return nil, err
 	}
 	if o.Threshold == 0 && o.ReadyToTrip == nil {
 		o.Threshold = DefaultThreshold
@@ -514,8 +511,12 @@ func (b *Breaker) Name() string { return b.name }
 // Do runs fn if the circuit admits the call and records its outcome. A
 // rejected call returns an error matching ErrOpen without running fn;
 // otherwise Do returns fn's error. If ctx is already done, Do returns
-// ctx.Err() without running fn.
+// ctx.Err() without running fn. A nil fn is an error matching
+// warden.ErrInvalidArgument.
 func (b *Breaker) Do(ctx context.Context, fn func(ctx context.Context) error) error {
+	if fn == nil {
+		return valid.Nil("breaker", "function")
+	}
 	_, err := Call(ctx, b, func(ctx context.Context) (struct{}, error) {
 		return struct{}{}, fn(ctx)
 	})
@@ -527,6 +528,12 @@ func (b *Breaker) Do(ctx context.Context, fn func(ctx context.Context) error) er
 // error matching ErrOpen.
 func Call[T any](ctx context.Context, b *Breaker, fn func(ctx context.Context) (T, error)) (T, error) {
 	var zero T
+	switch {
+	case b == nil:
+		return zero, valid.Nil("breaker", "Breaker")
+	case fn == nil:
+		return zero, valid.Nil("breaker", "function")
+	}
 	if err := ctx.Err(); err != nil {
 		return zero, err
 	}

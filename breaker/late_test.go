@@ -28,7 +28,7 @@ func TestHungWritesAreAStoreFailure(t *testing.T) {
 			h := newHung(db, "failure")
 			st := testkit.Open(t, h, &warden.Options{Logger: quiet})
 			b := newBreaker(t, st, "api", &breaker.Options{Threshold: 3, OpenFor: time.Hour, FailClosed: failClosed,
-				SyncInterval: time.Nanosecond, // every call reads the record
+				SyncInterval: time.Millisecond, // (nearly) every call reads the record
 				StoreTimeout: 20 * time.Millisecond})
 			if err := b.Do(ctx, succeed); err != nil { // reads the record
 				t.Fatal(err)

@@ -69,6 +69,7 @@ import (
 
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
+	"github.com/warden-go/warden/internal/valid"
 )
 
 // ErrNotFound is returned when a key has no value: a miss, an expired
@@ -175,24 +176,21 @@ type Cache[T any] struct {
 }
 
 // New returns a cache of T values on st. nil opts means defaults. A nil
-// store or a negative duration in opts is an error wrapping
-// warden.ErrInvalidArgument.
+// store, or a duration in opts that is negative or under one millisecond,
+// is an error wrapping warden.ErrInvalidArgument.
 func New[T any](st *warden.Store, opts *Options) (*Cache[T], error) {
 	if st == nil {
-		return nil, fmt.Errorf("%w: cache.New with a nil store", warden.ErrInvalidArgument)
+		return nil, valid.Nil("cache", "store")
 	}
 	var o Options
 	if opts != nil {
 		o = *opts
 	}
-	for name, d := range map[string]time.Duration{
-		"TTL": o.TTL, "NegativeTTL": o.NegativeTTL, "LoadLease": o.LoadLease,
-		"StaleWhileRevalidate": o.StaleWhileRevalidate, "PollMin": o.PollMin, "PollMax": o.PollMax,
-		"StoreTimeout": o.StoreTimeout,
-	} {
-		if d < 0 {
-			return nil, fmt.Errorf("%w: cache Options.%s is negative (%v)", warden.ErrInvalidArgument, name, d)
-		}
+	if err := valid.Durations("cache", valid.D{Name: "TTL", V: o.TTL}, valid.D{Name: "NegativeTTL", V: o.NegativeTTL},
+		valid.D{Name: "LoadLease", V: o.LoadLease}, valid.D{Name: "StaleWhileRevalidate", V: o.StaleWhileRevalidate},
+		valid.D{Name: "PollMin", V: o.PollMin}, valid.D{Name: "PollMax", V: o.PollMax},
+		valid.D{Name: "StoreTimeout", V: o.StoreTimeout}); err != nil {
+		return nil, err
 	}
 	if o.Codec == nil {
 		o.Codec = warden.JSONCodec{}
@@ -300,11 +298,12 @@ func (c *Cache[T]) Set(ctx context.Context, key string, v T) error {
 }
 
 // SetTTL stores v under key for ttl (0: no expiry; whole milliseconds,
-// rounded up). With StaleWhileRevalidate the entry is kept that much longer
+// rounded up; a ttl that is negative or under one millisecond is an error
+// matching warden.ErrInvalidArgument). With StaleWhileRevalidate the entry is kept that much longer
 // and served stale by GetOrLoad.
 func (c *Cache[T]) SetTTL(ctx context.Context, key string, v T, ttl time.Duration) error {
-	if ttl < 0 {
-		return fmt.Errorf("%w: cache ttl %v is negative", warden.ErrInvalidArgument, ttl)
+	if err := valid.Durations("cache", valid.D{Name: "ttl", V: ttl}); err != nil {
+		return err
 	}
 	b, hard, err := c.encode(v, ttl)
 	if err != nil {

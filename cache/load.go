@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/warden-go/warden/internal/valid"
 )
 
 // releaseTimeout bounds the writes a load makes after its loader returned
@@ -47,7 +49,7 @@ type flight[T any] struct {
 func (c *Cache[T]) GetOrLoad(ctx context.Context, key string, loader func(ctx context.Context) (T, error)) (T, error) {
 	var zero T
 	if loader == nil {
-		return zero, errors.New("cache: GetOrLoad with a nil loader")
+		return zero, valid.Nil("cache", "loader")
 	}
 	sk := c.opts.Prefix + key
 	lctx, cancel := context.WithTimeout(ctx, c.opts.StoreTimeout)

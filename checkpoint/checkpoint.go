@@ -61,6 +61,7 @@ import (
 
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
+	"github.com/warden-go/warden/internal/valid"
 	"github.com/warden-go/warden/lock"
 )
 
@@ -136,9 +137,9 @@ func Run[T any](ctx context.Context, st *warden.Store, taskID string, opts *Opti
 	}
 	switch {
 	case st == nil:
-		return errors.New("checkpoint: Run with a nil store")
+		return valid.Nil("checkpoint", "store")
 	case fn == nil:
-		return errors.New("checkpoint: Run with a nil function")
+		return valid.Nil("checkpoint", "function")
 	case o.Keep < 0 || o.CleanupEvery < 0:
 		return fmt.Errorf("%w: checkpoint Keep and CleanupEvery must not be negative", warden.ErrInvalidArgument)
 	}
@@ -370,6 +371,9 @@ func (c *Cursor[T]) SaveETA(ctx context.Context, state T, progress float64, eta 
 // other options do not apply.
 func Latest[T any](ctx context.Context, st *warden.Store, taskID string, opts *Options) (T, driver.Checkpoint, error) {
 	var state T
+	if st == nil {
+		return state, driver.Checkpoint{}, valid.Nil("checkpoint", "store")
+	}
 	var codec warden.Codec = warden.JSONCodec{}
 	if opts != nil && opts.Codec != nil {
 		codec = opts.Codec
@@ -389,6 +393,9 @@ func Latest[T any](ctx context.Context, st *warden.Store, taskID string, opts *O
 
 // List returns taskID's checkpoints in increasing sequence (empty if none).
 func List(ctx context.Context, st *warden.Store, taskID string) ([]driver.Checkpoint, error) {
+	if st == nil {
+		return nil, valid.Nil("checkpoint", "store")
+	}
 	return st.Checkpoints().List(ctx, taskID)
 }
 
@@ -396,11 +403,17 @@ func List(ctx context.Context, st *warden.Store, taskID string) ([]driver.Checkp
 // glob pattern ('*' any run, '?' one character, '\' escapes; "" matches
 // all), sorted.
 func Tasks(ctx context.Context, st *warden.Store, pattern string) ([]string, error) {
+	if st == nil {
+		return nil, valid.Nil("checkpoint", "store")
+	}
 	return st.Checkpoints().Tasks(ctx, pattern)
 }
 
 // Delete deletes every checkpoint of taskID, so that its next Run starts
 // afresh, and returns how many it deleted.
 func Delete(ctx context.Context, st *warden.Store, taskID string) (int64, error) {
+	if st == nil {
+		return 0, valid.Nil("checkpoint", "store")
+	}
 	return st.Checkpoints().DeleteAll(ctx, taskID)
 }

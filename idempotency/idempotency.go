@@ -65,6 +65,7 @@ import (
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
 	"github.com/warden-go/warden/internal/deadline"
+	"github.com/warden-go/warden/internal/valid"
 )
 
 // Defaults of Options' zero values.
@@ -227,13 +228,9 @@ func resolve(opts *Options) (settings, error) {
 	bad := func(format string, args ...any) (settings, error) {
 		return settings{}, fmt.Errorf("idempotency: %w: "+format, append([]any{warden.ErrInvalidArgument}, args...)...)
 	}
-	for _, d := range []struct {
-		name string
-		v    time.Duration
-	}{{"Lease", o.Lease}, {"Retain", o.Retain}, {"PollMin", o.PollMin}, {"PollMax", o.PollMax}} {
-		if d.v < 0 || (d.v > 0 && d.v < time.Millisecond) {
-			return bad("%s %v is under one millisecond", d.name, d.v)
-		}
+	if err := valid.Durations("idempotency", valid.D{Name: "Lease", V: o.Lease}, valid.D{Name: "Retain", V: o.Retain},
+		valid.D{Name: "PollMin", V: o.PollMin}, valid.D{Name: "PollMax", V: o.PollMax}); err != nil {
+		return settings{}, err
 	}
 	if o.Lease != 0 && o.Lease < deadline.MinTTL {
 		return bad("Lease %v is under %v, too short to leave a safety margin", o.Lease, deadline.MinTTL)
@@ -286,8 +283,11 @@ func or(d, def time.Duration) time.Duration {
 // error.
 func Do[T any](ctx context.Context, st *warden.Store, key string, opts *Options, fn func(ctx context.Context) (T, error)) (T, error) {
 	var zero T
-	if st == nil || fn == nil {
-		return zero, fmt.Errorf("idempotency: %w: nil store or function", warden.ErrInvalidArgument)
+	switch {
+	case st == nil:
+		return zero, valid.Nil("idempotency", "store")
+	case fn == nil:
+		return zero, valid.Nil("idempotency", "function")
 	}
 	s, err := resolve(opts)
 	if err != nil {
@@ -347,7 +347,7 @@ func Do[T any](ctx context.Context, st *warden.Store, key string, opts *Options,
 // found=true. opts supplies the Codec and Fingerprint; nil: JSON, none.
 func Result[T any](ctx context.Context, st *warden.Store, key string, opts *Options) (v T, found bool, err error) {
 	if st == nil {
-		return v, false, fmt.Errorf("idempotency: %w: nil store", warden.ErrInvalidArgument)
+		return v, false, valid.Nil("idempotency", "store")
 	}
 	s, err := resolve(opts)
 	if err != nil {

@@ -160,7 +160,7 @@ func TestNewRefusesUnsafeOptions(t *testing.T) {
 		t.Errorf("New with a 600-byte owner = %v, want ErrInvalidKey", err)
 	}
 	// The margin is floored whatever is asked, and at most half the TTL.
-	for _, o := range []Options{{TTL: MinTTL}, {TTL: MinTTL, ClockSkew: time.Microsecond}, {TTL: time.Second, ClockSkew: time.Hour}} {
+	for _, o := range []Options{{TTL: MinTTL}, {TTL: MinTTL, ClockSkew: time.Millisecond}, {TTL: time.Second, ClockSkew: time.Hour}} {
 		l, err := New(st, &o)
 		if err != nil {
 			t.Fatalf("New(%+v): %v", o, err)

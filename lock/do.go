@@ -3,6 +3,8 @@ package lock
 import (
 	"context"
 	"errors"
+
+	"github.com/warden-go/warden/internal/valid"
 )
 
 // Do runs fn while holding key: it waits for the lock like Acquire, runs fn
@@ -11,7 +13,8 @@ import (
 // returns or panics, and returns fn's error. If the lease was lost before
 // it was released, the result also matches ErrLeaseLost: fn may have run
 // partly without the lock. If the lock could not be taken, fn is not
-// called and Acquire's error is returned.
+// called and Acquire's error is returned. A nil Locker or fn is an error
+// matching warden.ErrInvalidArgument.
 //
 // fn's context carries the lease: LeaseFromContext(ctx).Token() is the
 // fencing token to pass to whatever fn writes.
@@ -20,6 +23,12 @@ import (
 // (past it the holding lapses anyway); a failed release is logged at Warn
 // rather than returned, since fn ran under the lock.
 func Do(ctx context.Context, l *Locker, key string, fn func(ctx context.Context) error) error {
+	switch {
+	case l == nil:
+		return valid.Nil("lock", "Locker")
+	case fn == nil:
+		return valid.Nil("lock", "function")
+	}
 	s, err := l.Acquire(ctx, key)
 	if err != nil {
 		return err

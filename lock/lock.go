@@ -17,6 +17,7 @@ import (
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
 	"github.com/warden-go/warden/internal/deadline"
+	"github.com/warden-go/warden/internal/valid"
 )
 
 // Sentinel errors, matched with errors.Is.
@@ -101,7 +102,8 @@ const (
 )
 
 // Options configure a Locker. The zero value (or nil) gives the documented
-// defaults; New refuses negative durations and a TTL under MinTTL.
+// defaults; New refuses negative durations, durations under one
+// millisecond and a TTL under MinTTL.
 type Options struct {
 	// TTL is how long a holding lasts in the store unless refreshed.
 	// 0: 30 seconds (DefaultTTL). At least MinTTL (10 ms).
@@ -216,23 +218,19 @@ const (
 // New returns a Locker on st (nil opts: defaults). It starts no goroutine;
 // the store's notifications are subscribed to on first need. It returns
 // an error matching warden.ErrInvalidArgument for a nil store, a negative
-// duration or a TTL under MinTTL, and warden.ErrInvalidKey for an Owner
-// that cannot be stored.
+// duration or one under a millisecond, or a TTL under MinTTL, and
+// warden.ErrInvalidKey for an Owner that cannot be stored.
 func New(st *warden.Store, opts *Options) (*Locker, error) {
 	if opts == nil {
 		opts = &Options{}
 	}
 	if st == nil {
-		return nil, fmt.Errorf("lock: %w: nil store", warden.ErrInvalidArgument)
+		return nil, valid.Nil("lock", "store")
 	}
-	for _, d := range []struct {
-		name string
-		v    time.Duration
-	}{{"TTL", opts.TTL}, {"RefreshInterval", opts.RefreshInterval}, {"ClockSkew", opts.ClockSkew},
-		{"RetryMin", opts.RetryMin}, {"RetryMax", opts.RetryMax}, {"PollInterval", opts.PollInterval}} {
-		if d.v < 0 {
-			return nil, fmt.Errorf("lock: %w: %s %v is negative", warden.ErrInvalidArgument, d.name, d.v)
-		}
+	if err := valid.Durations("lock", valid.D{Name: "TTL", V: opts.TTL}, valid.D{Name: "RefreshInterval", V: opts.RefreshInterval},
+		valid.D{Name: "ClockSkew", V: opts.ClockSkew}, valid.D{Name: "RetryMin", V: opts.RetryMin},
+		valid.D{Name: "RetryMax", V: opts.RetryMax}, valid.D{Name: "PollInterval", V: opts.PollInterval}); err != nil {
+		return nil, err
 	}
 	if opts.TTL != 0 && opts.TTL < MinTTL {
 		return nil, fmt.Errorf("lock: %w: TTL %v is under %v, too short to leave a safety margin", warden.ErrInvalidArgument, opts.TTL, MinTTL)
