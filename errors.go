@@ -36,6 +36,20 @@ var (
 	// idempotency.ErrLeaseLost are this error; errors of the packages
 	// that carry more detail match it with errors.Is.
 	ErrLeaseLost = errors.New("warden: lease lost")
+	// ErrStoreTooSlow: the store granted a holding — a lock, an
+	// idempotency claim — but its answers kept arriving after the
+	// holding's deadline (the round trip is longer than the TTL or lease
+	// less its safety margin), so the holding was given back instead of
+	// used. lock.ErrStoreTooSlow and idempotency.ErrStoreTooSlow are this
+	// error.
+	ErrStoreTooSlow = errors.New("warden: store answers arrive after the holding's deadline")
+	// ErrStoreTimeout: a portable package gave up on a store operation
+	// after its own budget (a breaker's StoreTimeout, a cache's
+	// StoreTimeout, a polling watch's listing), so that a store that stops
+	// answering does not hold the caller; the store counts as failing. It
+	// is not context.DeadlineExceeded, which would read as the caller's
+	// own deadline. breaker.ErrStoreTimeout is this error.
+	ErrStoreTimeout = errors.New("warden: the store did not answer within the budget")
 	// ErrUnknownScheme: Open was given a URL whose scheme no imported store
 	// registered.
 	ErrUnknownScheme = errors.New("warden: unknown store scheme")

@@ -175,7 +175,8 @@ var ErrOpen = errors.New("breaker: circuit open")
 // store did not answer within the Breaker's budget (Options.StoreTimeout,
 // and at most half of what remained of the caller's deadline). Such a
 // store counts as unreachable: see Stats.StoreDown and Options.FailClosed.
-var ErrStoreTimeout = errors.New("breaker: the store did not answer within the breaker's budget")
+// It is warden.ErrStoreTimeout, shared with cache and lock.
+var ErrStoreTimeout = warden.ErrStoreTimeout
 
 // OpenError is the error of a rejected call. It matches ErrOpen.
 type OpenError struct {

@@ -102,7 +102,8 @@ var (
 	// ErrStoreTooSlow: the store granted the claim, but its answers kept
 	// arriving after the claim's deadline, so fn was not run and the
 	// claim was given back.
-	ErrStoreTooSlow = errors.New("idempotency: store answers arrive after the claim's deadline")
+	// It is warden.ErrStoreTooSlow, shared with lock.
+	ErrStoreTooSlow = warden.ErrStoreTooSlow
 )
 
 // maxLateAnswers bounds how often Do claims again when the store's

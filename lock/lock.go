@@ -47,7 +47,8 @@ var (
 	// arriving after the lease's deadline (the round trip took longer than
 	// TTL − ClockSkew), so no lease could be handed out; the holding was
 	// given back. TryAcquire returns it; a waiting Acquire keeps trying.
-	ErrStoreTooSlow = errors.New("lock: store answers arrive after the lease's deadline")
+	// It is warden.ErrStoreTooSlow, shared with idempotency.
+	ErrStoreTooSlow = warden.ErrStoreTooSlow
 )
 
 // HeldError is the error TryAcquire returns when the key is held. It
