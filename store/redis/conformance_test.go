@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -175,6 +176,87 @@ func TestConformanceCluster(t *testing.T) {
 		Upstream:   clusterUpstream,
 		ProxiedURL: clusterProxiedURL,
 	})
+}
+
+// TestConformanceClusterNamespaceLayout runs the suite against the
+// cluster with every record of a namespace in one hash slot
+// (key_layout=namespace). The layout changes only key names, so the fault
+// checks, which need the master of a key known before the namespace is
+// (their proxy fronts one master), run with the per-key layout only.
+func TestConformanceClusterNamespaceLayout(t *testing.T) {
+	u := func(t testing.TB, prefix string) string { return clusterURL(t, prefix) + "&key_layout=namespace" }
+	u(t, "")
+	drivertest.Run(t, drivertest.Harness{Name: "redis-cluster-namespace", Open: openURL(u), URL: u})
+}
+
+// TestNamespaceLayoutOneSlot: with key_layout=namespace every record of a
+// store — locks, circuits, cache entries, claims, checkpoints and fences
+// of many keys — is in one hash slot; with the default layout they spread.
+func TestNamespaceLayoutOneSlot(t *testing.T) {
+	ctx := t.Context()
+	c := clusterClient(t)
+	for _, tc := range []struct {
+		layout string
+		slots  func(n int) bool
+	}{
+		{"namespace", func(n int) bool { return n == 1 }},
+		{"key", func(n int) bool { return n > 1 }},
+	} {
+		prefix := "layout-" + tc.layout + time.Now().Format("150405.000000") + ":"
+		st, err := warden.Open(ctx, clusterURL(t, prefix)+"&key_layout="+tc.layout)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cleanNamespace(t, clusterURL(t, ""), prefix)
+		d := st
+		for i := range 20 {
+			k := fmt.Sprint("k", i)
+			if _, _, err := d.Locks().Acquire(ctx, k, "o", time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := d.Circuits().RecordFailure(ctx, k, 5); err != nil {
+				t.Fatal(err)
+			}
+			if err := d.Cache().Set(ctx, k, []byte("v"), time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			if _, _, err := d.Idempotency().Claim(ctx, k, "o", time.Minute, ""); err != nil {
+				t.Fatal(err)
+			}
+			if _, _, err := d.Checkpoints().Save(ctx, driver.CheckpointInput{TaskID: k, Progress: 1}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var mu sync.Mutex // ForEachMaster calls run concurrently
+		slots := map[int64]bool{}
+		n := 0
+		err = c.ForEachMaster(ctx, func(ctx context.Context, m *goredis.Client) error {
+			iter := m.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+			for iter.Next(ctx) {
+				slot, err := m.ClusterKeySlot(ctx, iter.Val()).Result()
+				if err != nil {
+					return err
+				}
+				mu.Lock()
+				slots[slot] = true
+				mu.Unlock()
+			}
+			return iter.Err()
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range slots {
+			n++
+		}
+		if !tc.slots(n) {
+			t.Errorf("key_layout=%s: the store's records are in %d hash slots", tc.layout, n)
+		}
+		if keys, err := d.Cache().Keys(ctx, "k*"); err != nil || len(keys) != 20 {
+			t.Errorf("key_layout=%s: Keys: %d keys, %v; want 20", tc.layout, len(keys), err)
+		}
+		st.Close()
+	}
 }
 
 // clusterFaultKey is the lock key of drivertest's fault checks. Their

@@ -80,6 +80,39 @@ type Options struct {
 	// starts its tokens from the server clock (driver.TokenBase), above
 	// every token the old record handed out. 0: DefaultLockRetention.
 	LockRetention time.Duration
+	// KeyLayout chooses the hash tag of the store's keys, and so how a
+	// cluster spreads them. The zero value, TagPerKey, spreads the records
+	// of a namespace over every master.
+	KeyLayout KeyLayout
+}
+
+// KeyLayout is the hash tag of a store's Redis keys: what Redis Cluster
+// hashes to choose the slot, and so the master, that holds a record.
+// Every record of one key (a checkpoint task's list and its fence) shares
+// a slot in either layout, so every script touches one slot. On a single
+// server or with Sentinel the layout changes only the key names.
+type KeyLayout int
+
+const (
+	// TagPerKey tags each record with a hash of its key:
+	// "<prefix>{<fnv32a(key)>}<kind><key>". A namespace's records and
+	// load spread over every master; listing scans every master.
+	TagPerKey KeyLayout = iota
+	// TagPerNamespace tags every record with a hash of the prefix:
+	// "<prefix>{<fnv32a(prefix)>}<kind><key>". The whole namespace lives
+	// in one slot, on one master (and its replicas): its load is not
+	// spread, but one master's SCAN sees all of it, and a user's own
+	// MULTI or script may touch several of its keys. Stores of one
+	// namespace must use one layout: records of the other are not seen.
+	TagPerNamespace
+)
+
+// String returns the layout's URL spelling: "key" or "namespace".
+func (l KeyLayout) String() string {
+	if l == TagPerNamespace {
+		return "namespace"
+	}
+	return "key"
 }
 
 func init() {
@@ -194,6 +227,14 @@ func parseURL(u *url.URL, base *Options) (*goredis.UniversalOptions, *Options, e
 	o.Prefix = q.String("prefix", o.Prefix)
 	o.MaxValueBytes = q.Int("max_value_bytes", o.MaxValueBytes)
 	o.LockRetention = q.Duration("lock_retention", o.LockRetention)
+	switch layout := q.String("key_layout", o.KeyLayout.String()); layout {
+	case "key":
+		o.KeyLayout = TagPerKey
+	case "namespace":
+		o.KeyLayout = TagPerNamespace
+	default:
+		return nil, nil, fmt.Errorf("%w: key_layout=%q: want key or namespace", driver.ErrBadURL, layout)
+	}
 	cluster := q.Bool("cluster", false)
 	uo.MasterName = q.String("master_name", "")
 	q.Has("addr")
@@ -266,6 +307,7 @@ type store struct {
 	client    goredis.UniversalClient
 	owned     bool // Close closes client
 	prefix    string
+	nsTag     string // the hash tag of every key (TagPerNamespace), or ""
 	channel   string // pub/sub channel of the namespace's events
 	maxValue  int
 	retention int64 // lock retention in ms
@@ -285,6 +327,9 @@ func newStore(client goredis.UniversalClient, owned bool, opts *Options) (*store
 	}
 	if strings.ContainsAny(o.Prefix, "{}") {
 		return nil, fmt.Errorf("redis: %w: prefix %q contains '{' or '}', which would change the keys' hash slots", driver.ErrBadPrefix, o.Prefix)
+	}
+	if o.KeyLayout != TagPerKey && o.KeyLayout != TagPerNamespace {
+		return nil, fmt.Errorf("redis: unknown KeyLayout %d", int(o.KeyLayout))
 	}
 	if o.MaxValueBytes < 0 || o.LockRetention < 0 {
 		return nil, errors.New("redis: MaxValueBytes and LockRetention must not be negative")
@@ -306,6 +351,9 @@ func newStore(client goredis.UniversalClient, owned bool, opts *Options) (*store
 		maxValue:  o.MaxValueBytes,
 		retention: driver.Millis(o.LockRetention),
 		closed:    make(chan struct{}),
+	}
+	if o.KeyLayout == TagPerNamespace {
+		s.nsTag = tag(o.Prefix)
 	}
 	s.hub = eventhub.New(s.startWatcher, warden.ErrClosed)
 	return s, nil
@@ -368,9 +416,17 @@ func tag(key string) string {
 	return fmt.Sprintf("%08x", h.Sum32())
 }
 
+// tag is the hash tag of key's records in the store's layout.
+func (s *store) tag(key string) string {
+	if s.nsTag != "" {
+		return s.nsTag
+	}
+	return tag(key)
+}
+
 // key is the Redis key of a record of kind.
 func (s *store) key(kind, key string) string {
-	return s.prefix + "{" + tag(key) + "}" + kind + key
+	return s.prefix + "{" + s.tag(key) + "}" + kind + key
 }
 
 // tagLen is the length of "{xxxxxxxx}".
@@ -389,7 +445,7 @@ func (s *store) parseKey(kind, rk string) (string, bool) {
 		}
 	}
 	k, ok := strings.CutPrefix(rest[tagLen:], kind)
-	if !ok || k == "" || rest[1:tagLen-1] != tag(k) {
+	if !ok || k == "" || rest[1:tagLen-1] != s.tag(k) {
 		return "", false
 	}
 	return k, true

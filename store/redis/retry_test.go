@@ -12,7 +12,9 @@ import (
 	"testing"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
 	"github.com/warden-go/warden"
+	"github.com/warden-go/warden/store/redis"
 )
 
 // lateProxy forwards connections to the Redis server at upstream. While
@@ -128,6 +130,11 @@ func TestScriptsNeverResent(t *testing.T) {
 		t.Fatal(ok, err)
 	}
 
+	// The release script is on the server (a late NOSCRIPT would mean it
+	// never ran).
+	if _, err := locks.Release(ctx, "k", "nobody", 1); err != nil {
+		t.Fatal(err)
+	}
 	p.scripts.Store(0)
 	p.counting.Store(true)
 	p.late.Store(true)
@@ -184,5 +191,62 @@ func TestCallsEndAtTheirDeadline(t *testing.T) {
 		// Liveness guard only: the call is expected back 50 ms after it
 		// was made; without context timeouts it waits for the hour.
 		t.Error("a call on a silent server outlived its 50 ms context by a minute")
+	}
+}
+
+// TestClusterScriptsNeverResent: on a ClusterClient, whose redirect loop
+// resends a command after a timeout whatever MaxRetries says, a lock
+// script whose reply comes late is still sent once and reported as an
+// error.
+func TestClusterScriptsNeverResent(t *testing.T) {
+	ctx := context.Background()
+	p := newLateProxy(t, clusterUpstream(t))
+	proxy := p.ln.Addr().String()
+	c := goredis.NewClusterClient(&goredis.ClusterOptions{
+		Addrs:       []string{proxy},
+		ReadTimeout: 200 * time.Millisecond,
+		Dialer: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, network, proxy)
+		},
+	})
+	defer c.Close()
+	prefix := fmt.Sprintf("resentc%d:", time.Now().UnixNano())
+	cleanNamespace(t, clusterURL(t, ""), prefix)
+	st, err := redis.New(c, &redis.Options{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	locks := st.Driver().Locks()
+	rec, ok, err := locks.Acquire(ctx, clusterFaultKey, "owner-a", time.Minute)
+	if err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+
+	// The release script is on the server (a late NOSCRIPT would mean it
+	// never ran).
+	if _, err := locks.Release(ctx, clusterFaultKey, "nobody", 1); err != nil {
+		t.Fatal(err)
+	}
+	p.scripts.Store(0)
+	p.counting.Store(true)
+	p.late.Store(true)
+	released, err := locks.Release(ctx, clusterFaultKey, "owner-a", rec.Token)
+	p.counting.Store(false)
+	close(p.release)
+	if err == nil {
+		t.Errorf("a release whose reply came late returned released=%v and no error; its outcome is unknown", released)
+	}
+	if n := p.scripts.Load(); n != 1 {
+		t.Errorf("the release script was sent %d times, want once", n)
+	}
+	direct, err := warden.Open(ctx, clusterURL(t, prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer direct.Close()
+	if _, ok, err := direct.Driver().Locks().Acquire(ctx, clusterFaultKey, "owner-b", time.Minute); err != nil || !ok {
+		t.Errorf("after the late release the key is not free: %v %v", ok, err)
 	}
 }

@@ -59,9 +59,10 @@ func TestRoundTrips(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		client func(testing.TB) goredis.UniversalClient
+		url    func(testing.TB, string) string
 	}{
-		{"single", func(t testing.TB) goredis.UniversalClient { return singleClient(t) }},
-		{"cluster", func(t testing.TB) goredis.UniversalClient { return clusterClient(t) }},
+		{"single", func(t testing.TB) goredis.UniversalClient { return singleClient(t) }, serverURL},
+		{"cluster", func(t testing.TB) goredis.UniversalClient { return clusterClient(t) }, clusterURL},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			client := tc.client(t)
@@ -70,7 +71,9 @@ func TestRoundTrips(t *testing.T) {
 			}
 			cnt := &counter{}
 			client.AddHook(cnt)
-			st, err := redis.New(client, &redis.Options{Prefix: "roundtrips-" + tc.name + ":"})
+			prefix := "roundtrips-" + tc.name + time.Now().Format("150405.000000") + ":"
+			cleanNamespace(t, tc.url(t, ""), prefix)
+			st, err := redis.New(client, &redis.Options{Prefix: prefix})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -127,7 +130,9 @@ func TestScriptsReload(t *testing.T) {
 	client := singleClient(t)
 	cnt := &counter{}
 	client.AddHook(cnt)
-	st, err := redis.New(client, &redis.Options{Prefix: "reload:"})
+	prefix := "reload-" + time.Now().Format("150405.000000") + ":"
+	cleanNamespace(t, serverURL(t, ""), prefix)
+	st, err := redis.New(client, &redis.Options{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,17 +16,37 @@ import (
 
 // TestEventsLostOnReconnect: when the server drops the store's pub/sub
 // connection, events published before go-redis subscribes again are lost;
-// watchers get EventsLost, and events flow again afterwards.
+// watchers get EventsLost, and events flow again afterwards. On a single
+// server and on the cluster (whose subscription lives on one of its nodes).
 func TestEventsLostOnReconnect(t *testing.T) {
+	t.Run("single", func(t *testing.T) {
+		o, err := goredis.ParseURL(strings.Split(serverURL(t, ""), "?")[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := "warden-events-test-" + time.Now().Format("150405.000000")
+		o.ClientName = name
+		o.MaxRetries, o.ContextTimeoutEnabled = -1, true
+		eventsLostOnReconnect(t, goredis.NewClient(o), name, serverURL, []goredis.UniversalClient{singleClient(t)})
+	})
+	t.Run("cluster", func(t *testing.T) {
+		name := "warden-events-test-" + time.Now().Format("150405.000000")
+		c := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: clusterAddrs(t), ClientName: name})
+		var nodes []goredis.UniversalClient
+		for _, a := range clusterAddrs(t) {
+			n := goredis.NewClient(&goredis.Options{Addr: a})
+			t.Cleanup(func() { n.Close() })
+			nodes = append(nodes, n)
+		}
+		eventsLostOnReconnect(t, c, name, clusterURL, nodes)
+	})
+}
+
+// eventsLostOnReconnect runs TestEventsLostOnReconnect with a watcher on
+// watchClient (whose connections are named name), an actor opened by
+// url, and the servers' nodes, on which the subscription is killed.
+func eventsLostOnReconnect(t *testing.T, watchClient goredis.UniversalClient, name string, url func(testing.TB, string) string, nodes []goredis.UniversalClient) {
 	ctx := t.Context()
-	o, err := goredis.ParseURL(strings.Split(serverURL(t, ""), "?")[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	name := "warden-events-test-" + time.Now().Format("150405.000000")
-	o.ClientName = name
-	o.MaxRetries, o.ContextTimeoutEnabled = -1, true
-	watchClient := goredis.NewClient(o)
 	defer watchClient.Close()
 	prefix := "reconnect-" + time.Now().Format("150405000000") + ":"
 	watcher, err := redis.New(watchClient, &redis.Options{Prefix: prefix})
@@ -34,12 +54,12 @@ func TestEventsLostOnReconnect(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer watcher.Close()
-	actor, err := redis.Open(ctx, serverURL(t, prefix), nil)
+	actor, err := redis.Open(ctx, url(t, prefix), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer actor.Close()
-	cleanNamespace(t, serverURL(t, ""), prefix)
+	cleanNamespace(t, url(t, ""), prefix)
 
 	ch, err := watcher.Locks().Watch(ctx)
 	if err != nil {
@@ -71,21 +91,22 @@ func TestEventsLostOnReconnect(t *testing.T) {
 	}
 
 	// Kill the watcher's subscription connection, only that one.
-	admin := singleClient(t)
-	list, err := admin.Do(ctx, "CLIENT", "LIST", "TYPE", "pubsub").Text()
-	if err != nil {
-		t.Fatal(err)
-	}
 	killed := 0
-	for _, line := range strings.Split(list, "\n") {
-		if !strings.Contains(line, " name="+name+" ") {
-			continue
-		}
-		id := strings.TrimPrefix(strings.Fields(line)[0], "id=")
-		if err := admin.Do(ctx, "CLIENT", "KILL", "ID", id).Err(); err != nil {
+	for _, admin := range nodes {
+		list, err := admin.Do(ctx, "CLIENT", "LIST", "TYPE", "pubsub").Text()
+		if err != nil {
 			t.Fatal(err)
 		}
-		killed++
+		for _, line := range strings.Split(list, "\n") {
+			if !strings.Contains(line, " name="+name+" ") {
+				continue
+			}
+			id := strings.TrimPrefix(strings.Fields(line)[0], "id=")
+			if err := admin.Do(ctx, "CLIENT", "KILL", "ID", id).Err(); err != nil {
+				t.Fatal(err)
+			}
+			killed++
+		}
 	}
 	if killed != 1 {
 		t.Fatalf("found %d subscription connections named %s, want 1", killed, name)
@@ -94,7 +115,7 @@ func TestEventsLostOnReconnect(t *testing.T) {
 		t.Fatalf("event after the connection was killed: %+v, want EventsLost", ev)
 	}
 	// Events flow again once resubscribed: make events until one comes.
-	for i := 0; ; i++ {
+	for {
 		acquire("after")
 		ev := next("after the reconnection")
 		if ev.Kind == driver.EventsLost {
@@ -123,6 +144,9 @@ func TestBadOptions(t *testing.T) {
 			t.Errorf("prefix %q: err %v, want ErrBadPrefix", p, err)
 		}
 	}
+	if _, err := redis.New(c, &redis.Options{KeyLayout: redis.TagPerNamespace + 1}); err == nil {
+		t.Error("an unknown KeyLayout: no error")
+	}
 	if _, err := redis.New(nil, nil); err == nil {
 		t.Error("New(nil): no error")
 	}
@@ -133,6 +157,7 @@ func TestBadOptions(t *testing.T) {
 		"redis://u:s3cret@127.0.0.1:6379?cluster=true&master_name=m",
 		"unix://host/path",
 		"redis://u:s3cret@127.0.0.1:6379?max_value_bytes=-1",
+		"redis://u:s3cret@127.0.0.1:6379?key_layout=slot",
 	} {
 		_, err := warden.Open(ctx, u)
 		if !errors.Is(err, driver.ErrBadURL) {
