@@ -124,11 +124,15 @@ per event, and for events-lost its reason; JSON format: one object per
 line ("reason" set for events-lost).
 
 What each store can see:
-  sqlite, memory, mongodb, dynamodb: notifications deliver acquired and
-    released at once (dynamodb's within about 50ms, with events-lost when it
-    finds that whole holdings were missed). A holding that lapses (its
-    holder was killed) is reported expired about a second after its expiry,
-    stamped with the expiry, whether or not someone takes the key.
+  sqlite, memory, postgres (LISTEN/NOTIFY), redis (pub/sub), mongodb,
+    dynamodb: notifications deliver acquired and released at once
+    (dynamodb's within about 50ms, with events-lost when it finds that whole
+    holdings were missed). A holding that lapses (its holder was killed) is
+    reported expired about a second after its expiry, stamped with the
+    expiry, whether or not someone takes the key. postgres and redis keep
+    nothing for a listener that is not connected: when the store reconnects
+    its LISTEN connection or subscription, an events-lost line says that
+    events sent meanwhile are gone.
   mysql: no notifications; warden lists the locks every second
     and reports the differences. A holding that begins and ends between two
     listings is not seen: the stream starts with an events-lost line that

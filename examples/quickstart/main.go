@@ -26,7 +26,8 @@ type Receipt struct {
 func main() {
 	ctx := context.Background()
 	// SQLite coordinates the processes of one host. To coordinate hosts,
-	// open a server store instead: mysql://, mongodb://, dynamodb://.
+	// open a server store instead: postgres://, mysql://, redis://,
+	// mongodb:// or dynamodb://.
 	st, err := warden.Open(ctx, "sqlite://quickstart.db?prefix=billing:")
 	if err != nil {
 		log.Fatal(err)
