@@ -308,3 +308,58 @@ func TestLateSuccessDoesNotCloseANewGeneration(t *testing.T) {
 		t.Fatalf("after the probe failed: %+v %v, want open", rec, err)
 	}
 }
+
+// On an open circuit whose open period has passed, only the probe request
+// hangs (reads and outcome writes answer): with a 50 ms deadline, Do
+// returns within it — the probe request is bounded by the breaker's
+// budget, which ends before the caller's deadline — and the call follows
+// the policy: fail-open runs fn as a local probe, fail-closed rejects it
+// for the store's timeout.
+func TestHungProbeRequestIsNotTheCallersOutage(t *testing.T) {
+	t.Parallel()
+	for _, failClosed := range []bool{false, true} {
+		t.Run(fmt.Sprint("failClosed=", failClosed), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := testkit.DBName(t)
+			const openFor = 20 * time.Millisecond
+			op := openStore(t, db, nil)
+			rec, err := op.Circuits().RecordFailure(ctx, "api", 1)
+			if err != nil || rec.State != breaker.Open {
+				t.Fatalf("opening: %+v %v", rec, err)
+			}
+			waitStoreClock(t, op, rec.OpenedAt.Add(openFor))
+
+			h := newHung(db, "probe")
+			st := testkit.Open(t, h, &warden.Options{Logger: quiet})
+			b := newBreaker(t, st, "api", &breaker.Options{OpenFor: openFor, FailClosed: failClosed})
+			defer close(h.release) // before the breaker's Close
+			cctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+			defer cancel()
+			deadline, _ := cctx.Deadline()
+
+			ran := false
+			var fnCtxErr error
+			v, err := breaker.Call(cctx, b, func(ctx context.Context) (int, error) {
+				ran, fnCtxErr = true, ctx.Err()
+				return 42, nil
+			})
+			h.checkDeadlines(t, deadline)
+			if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+				t.Fatalf("Do failed with the caller's own deadline: %v (ran=%v)", err, ran)
+			}
+			if s := b.Stats(); !errors.Is(s.LastStoreError, breaker.ErrStoreTimeout) {
+				t.Fatalf("the hung probe request is not counted as a store timeout: %+v", s)
+			}
+			if failClosed {
+				if !errors.Is(err, breaker.ErrOpen) || !errors.Is(err, breaker.ErrStoreTimeout) || ran {
+					t.Fatalf("fail-closed with a hung probe request: err=%v ran=%v, want a rejection for the store's timeout", err, ran)
+				}
+				return
+			}
+			if err != nil || v != 42 || !ran || fnCtxErr != nil {
+				t.Fatalf("fail-open with a hung probe request: v=%d err=%v ran=%v fn's ctx=%v, want fn run as a local probe from a live ctx", v, err, ran, fnCtxErr)
+			}
+		})
+	}
+}

@@ -40,6 +40,7 @@ func (s *suite) circuits(t *testing.T) {
 		{"BreakerGobreaker", s.breakerGobreaker},
 		{"BreakerHungStore", s.breakerHungStore},
 		{"BreakerHungWrite", s.breakerHungWrite},
+		{"BreakerHungProbe", s.breakerHungProbe},
 		{"BreakerOldOpenCircuit", s.breakerOldOpenCircuit},
 		{"BreakerLateSuccess", s.breakerLateSuccess},
 	})
@@ -887,6 +888,66 @@ func (s *suite) breakerHungStore(t *testing.T) {
 			}
 			if err != nil || v != 42 || !ran || fnCtxErr != nil {
 				t.Fatalf("fail-open: v=%d err=%v ran=%v fn's ctx=%v, want fn's result from a live ctx", v, err, ran, fnCtxErr)
+			}
+		})
+	}
+}
+
+// breakerHungProbe: on an open circuit whose open period has passed, only
+// the probe request hangs (reads and writes answer). A call with a
+// deadline returns within it — the probe request is bounded by the
+// breaker's budget, which ends before the caller's deadline — and follows
+// the policy: fail-open runs fn as a local probe, fail-closed rejects it
+// for the store's timeout. (A 2 s deadline, as in BreakerHungStore; the
+// bound is checked on the probe request's deadline.)
+func (s *suite) breakerHungProbe(t *testing.T) {
+	st, _ := s.open(t)
+	const openFor = 20 * time.Millisecond
+	for _, failClosed := range []bool{false, true} {
+		t.Run(fmt.Sprint("failClosed=", failClosed), func(t *testing.T) {
+			name := fmt.Sprint("hung-probe-", failClosed)
+			rec, err := st.Circuits().RecordFailure(testCtx(t), name, 1)
+			fatalIf(t, "RecordFailure", err)
+			wantCircuit(t, "after a failure at threshold 1", rec, name, driver.Open, 1)
+			storeClock(t, st.Circuits(), rec.OpenedAt.Add(openFor))
+			hs, h := hang(t, st, "probe")
+			b, err := breaker.New(hs, name, &breaker.Options{OpenFor: openFor, FailClosed: failClosed})
+			fatalIf(t, "breaker.New", err)
+			defer b.Close()
+			defer close(h.release)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			deadline, _ := ctx.Deadline()
+			ran := false
+			var fnCtxErr error
+			v, err := breaker.Call(ctx, b, func(ctx context.Context) (int, error) {
+				ran, fnCtxErr = true, ctx.Err()
+				return 42, nil
+			})
+			h.mu.Lock()
+			if len(h.deadlines) == 0 {
+				t.Error("the breaker made no probe request")
+			}
+			for i, dl := range h.deadlines {
+				if dl.IsZero() || !dl.Before(deadline) {
+					t.Errorf("probe request %d ran with deadline %v, not before the caller's %v", i, dl, deadline)
+				}
+			}
+			h.mu.Unlock()
+			if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+				t.Fatalf("Do failed with the caller's own deadline: %v (ran=%v)", err, ran)
+			}
+			if st := b.Stats(); !errors.Is(st.LastStoreError, breaker.ErrStoreTimeout) {
+				t.Fatalf("the hung probe request is not counted as a store timeout: %+v", st)
+			}
+			if failClosed {
+				if !errors.Is(err, breaker.ErrOpen) || !errors.Is(err, breaker.ErrStoreTimeout) || ran {
+					t.Fatalf("fail-closed: err=%v ran=%v, want a rejection for the store's timeout", err, ran)
+				}
+				return
+			}
+			if err != nil || v != 42 || !ran || fnCtxErr != nil {
+				t.Fatalf("fail-open: v=%d err=%v ran=%v fn's ctx=%v, want fn run as a local probe from a live ctx", v, err, ran, fnCtxErr)
 			}
 		})
 	}
