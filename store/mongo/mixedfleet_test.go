@@ -781,3 +781,89 @@ func testMixedTokensAfterForeignDelete(t *testing.T, mongoPaths bool) {
 		n.must("forceRelease", map[string]any{"key": "t"}, nil)
 	}
 }
+
+// TestMixedFleetIdempotency: results the go-go-scope idempotency adapter
+// stored are completed records to warden (a Claim returns them, never a
+// loop on the adapter's unique index; Get, List and Delete see them; Set
+// replaces them; an expired one is claimed), and results warden stored
+// read back equal on the adapter.
+func TestMixedFleetIdempotency(t *testing.T) { bothPaths(t, testMixedIdempotency) }
+
+func testMixedIdempotency(t *testing.T, mongoPaths bool) {
+	ctx := context.Background()
+	n, st, db := mixed(t, mongoPaths)
+	n.must("idemConnect", nil, nil)
+	coll := db.Collection("go_goscope_idempotency")
+	mongo.SetTries(st, 5)
+	id := st.Driver().Idempotency()
+
+	// Node → warden.
+	n.must("idemSet", map[string]any{"key": "n", "value": map[string]any{"ok": 1, "s": "x"}, "ttl": 60000}, nil)
+	rec, out, err := id.Claim(ctx, "n", "go", time.Minute, "")
+	if err != nil || out != driver.Completed {
+		t.Fatalf("Claim of a key the adapter completed: %v, %v; want Completed", out, err)
+	}
+	if string(rec.Result) != `{"ok":1,"s":"x"}` || rec.ExpiresAt.IsZero() {
+		t.Errorf("Claim of a key the adapter completed: result %s, expires %v", rec.Result, rec.ExpiresAt)
+	}
+	if g, ok, err := id.Get(ctx, "n"); err != nil || !ok || g.Status != driver.IdemCompleted || string(g.Result) != `{"ok":1,"s":"x"}` {
+		t.Errorf("Get of the adapter's record: %+v %v %v", g, ok, err)
+	}
+	if l, err := id.List(ctx, driver.MustPattern("*")); err != nil || len(l) != 1 || l[0].Key != "n" {
+		t.Errorf("List: %+v %v; want the adapter's record", l, err)
+	}
+	// Expired (a record as the adapter writes it, its TTL past): the next
+	// Claim runs the task.
+	past := time.Now().Add(-time.Second)
+	if _, err := coll.InsertOne(ctx, bson.D{{Key: "key", Value: mixedPrefix + "old"}, {Key: "value", Value: 1},
+		{Key: "expiresAt", Value: past}, {Key: "updatedAt", Value: past.Add(-time.Minute)}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, out, err := id.Claim(ctx, "old", "go", time.Minute, ""); err != nil || out != driver.Claimed {
+		t.Errorf("Claim of an expired adapter record: %v, %v; want Claimed", out, err)
+	}
+	// Set replaces the adapter's record; Delete deletes one.
+	if err := id.Set(ctx, "n", []byte(`{"by":"go"}`), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	var nv struct {
+		Value any `json:"value"`
+	}
+	n.must("idemGet", map[string]any{"key": "n"}, &nv)
+	if b, _ := json.Marshal(nv.Value); string(b) != `{"by":"go"}` {
+		t.Errorf("the adapter reads %s after warden's Set, want {\"by\":\"go\"}", b)
+	}
+	n.must("idemSet", map[string]any{"key": "d", "value": 2, "ttl": 60000}, nil)
+	if ok, err := id.Delete(ctx, "d"); err != nil || !ok {
+		t.Errorf("Delete of the adapter's record: %v %v", ok, err)
+	}
+	if _, ok, _ := id.Get(ctx, "d"); ok {
+		t.Error("the adapter's record is still there after Delete")
+	}
+
+	// warden → Node: the completed result, natively.
+	if _, out, err := id.Claim(ctx, "w", "go", time.Minute, ""); err != nil || out != driver.Claimed {
+		t.Fatalf("Claim: %v %v", out, err)
+	}
+	if ok, err := id.Complete(ctx, "w", "go", []byte(`{"a":[1,"two"],"b":null}`), time.Minute); err != nil || !ok {
+		t.Fatalf("Complete: %v %v", ok, err)
+	}
+	n.must("idemGet", map[string]any{"key": "w"}, &nv)
+	if b, _ := json.Marshal(nv.Value); string(b) != `{"a":[1,"two"],"b":null}` {
+		t.Errorf("the adapter reads %s for warden's result", b)
+	}
+	// A new claim after the result expired carries no value: the adapter
+	// never reads the old result as the new run's.
+	if _, err := coll.UpdateOne(ctx, bson.D{{Key: "key", Value: mixedPrefix + "w"}},
+		bson.D{{Key: "$set", Value: bson.D{{Key: "expiresAt", Value: past}}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, out, err := id.Claim(ctx, "w", "go2", time.Minute, ""); err != nil || out != driver.Claimed {
+		t.Fatalf("Claim after the result expired: %v %v", out, err)
+	}
+	nv.Value = nil
+	n.must("idemGet", map[string]any{"key": "w"}, &nv)
+	if nv.Value != nil {
+		t.Errorf("the adapter reads %v for a key warden is running again, want no value", nv.Value)
+	}
+}

@@ -8,13 +8,14 @@
 // or {"id": N, "error": "...", "code": N}. It exits when stdin closes.
 import readline from "node:readline";
 import { MongoClient } from "mongodb";
-import { MongoDBAdapter } from "@go-go-scope/persistence-mongodb";
+import { MongoDBAdapter, MongoDBIdempotencyAdapter } from "@go-go-scope/persistence-mongodb";
 
 const [url, dbName, prefix] = process.argv.slice(2);
 const client = new MongoClient(url);
 await client.connect();
 const db = client.db(dbName);
 const adapter = new MongoDBAdapter(db, { keyPrefix: prefix });
+const idem = new MongoDBIdempotencyAdapter(db, { keyPrefix: prefix });
 const handles = new Map(); // owner → the lock handle acquire returned
 
 // The adapter's connect() creates these indexes, in this order. A server
@@ -100,6 +101,28 @@ const ops = {
   },
   async recordSuccess({ key }) {
     await adapter.recordSuccess(key);
+    return true;
+  },
+  // The idempotency adapter's connect() makes a unique {key: 1} and a TTL
+  // index; without TTL indexes (FerretDB) only the first.
+  async idemConnect() {
+    try {
+      await idem.connect();
+      return { ttl: true };
+    } catch (err) {
+      if (err.code !== 238) throw err;
+    }
+    return { ttl: false };
+  },
+  async idemSet({ key, value, ttl }) {
+    await idem.set(key, value, ttl);
+    return true;
+  },
+  async idemGet({ key }) {
+    return idem.get(key);
+  },
+  async idemDelete({ key }) {
+    await idem.delete(key);
     return true;
   },
   // What MongoDB's TTL monitor does for the adapter's index on expiresAt
