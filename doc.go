@@ -9,7 +9,11 @@
 //
 //	import _ "github.com/warden-go/warden/store/sqlite"
 //
-//	st, err := warden.Open(ctx, "sqlite:///var/lib/app/warden.db?prefix=billing:")
+//	st, err := warden.Open(ctx, "sqlite://warden.db?prefix=billing:")
+//
+// (warden.db in the working directory; the store creates the file, but a
+// path such as sqlite:///var/lib/app/warden.db needs /var/lib/app to
+// exist: a missing directory is an error that names it.)
 //
 // The capabilities live in their own packages, written once over the
 // driver primitives of package driver: lock, breaker, cache, idempotency,

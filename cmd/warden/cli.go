@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -200,8 +201,9 @@ func (c *cli) openStore(ctx context.Context) (*warden.Store, error) {
 	}
 	if c.noCreate && c.scheme() == "sqlite" {
 		// A command that can only delete or modify existing records must
-		// not create a database at a mistyped path.
-		if path := sqliteFile(raw); path != "" {
+		// not create a database at a mistyped path. (A directory that
+		// does not exist is left to the store, whose error names it.)
+		if path := sqliteFile(raw); path != "" && dirExists(path) {
 			if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
 				return nil, &sqliteOpenError{err: quoteOpenURL(fmt.Errorf("warden: open %s: %w", driver.RedactURL(mustParse(raw)), err), raw, c.g.store), readOnly: true}
 			}
@@ -582,6 +584,12 @@ func sqliteFile(raw string) string {
 		return u.Host + u.Path
 	}
 	return u.Path
+}
+
+// dirExists reports whether the directory of the file path exists.
+func dirExists(path string) bool {
+	_, err := os.Stat(filepath.Dir(path))
+	return !errors.Is(err, fs.ErrNotExist)
 }
 
 // mustParse parses a URL already checked by checkStoreURL.

@@ -6,6 +6,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -692,5 +694,35 @@ func TestE2EStoreFlagTakesCommand(t *testing.T) {
 	want(t, r, exitUsage)
 	if !strings.Contains(r.stderr, `--store "ping" is a command, not a store URL`) {
 		t.Fatalf("--store ping: %s", r)
+	}
+}
+
+// TestE2ESQLiteMissingDirectory: a sqlite:// path whose directory does not
+// exist exits 5 (the README's table: an SQLite file that cannot be opened)
+// for every kind of command, in one line that names the directory and says
+// it does not exist, and creates nothing.
+func TestE2ESQLiteMissingDirectory(t *testing.T) {
+	base := t.TempDir()
+	dir := filepath.Join(base, "missing", "dir")
+	url := "sqlite://" + filepath.Join(dir, "x.db")
+	for _, args := range [][]string{
+		{"lock", "ls"},                      // reads: opened read-only
+		{"cache", "set", "k", "v"},          // writes: would create the file
+		{"lock", "release", "k", "--force"}, // modifies: creates nothing
+		{"lock", "run", "k", "--", "true"},
+		{"migrate"},
+	} {
+		r := runWarden(t, nil, append([]string{"--store", url}, args...)...)
+		want(t, r, exitUnreachable)
+		oneErrorLine(t, r)
+		if !strings.Contains(r.stderr, fmt.Sprintf("directory %q does not exist", dir)) {
+			t.Errorf("%q: the message does not say that %s does not exist: %s", args, dir, r)
+		}
+		if strings.Contains(r.stderr, "WAL") || strings.Contains(r.stderr, "warden migrate") {
+			t.Errorf("%q: misleading message: %s", args, r)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(base, "missing")); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("a directory was created: %v", err)
 	}
 }

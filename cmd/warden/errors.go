@@ -16,6 +16,7 @@ import (
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
 	"github.com/warden-go/warden/lock"
+	"github.com/warden-go/warden/store/sqlite"
 )
 
 // Exit codes. `lock run` otherwise exits with its command's code.
@@ -240,7 +241,7 @@ type sqliteOpenError struct {
 }
 
 func (e *sqliteOpenError) Error() string {
-	if e.readOnly && errors.Is(e.err, fs.ErrNotExist) {
+	if e.readOnly && errors.Is(e.err, fs.ErrNotExist) && !errors.Is(e.err, sqlite.ErrNoDirectory) {
 		return e.err.Error() + " (commands that only read, delete or modify records never create a database: check the path, or create it with 'warden migrate')"
 	}
 	return e.err.Error()

@@ -7,7 +7,7 @@
 //
 //	import _ "github.com/warden-go/warden/store/sqlite"
 //
-//	st, err := warden.Open(ctx, "sqlite:///var/lib/app/warden.db?prefix=app:")
+//	st, err := warden.Open(ctx, "sqlite://warden.db?prefix=app:")
 //
 // or call [Open] with [Options].
 //
@@ -15,7 +15,10 @@
 //
 // sqlite:///abs/path/file.db names an absolute path; sqlite://dir/file.db
 // and sqlite://file.db name a path relative to the working directory
-// (host and path are joined). Percent-escapes are decoded. Query
+// (host and path are joined). The file is created if missing, but not its
+// directory: opening sqlite:///var/lib/app/warden.db where /var/lib/app does
+// not exist fails with an error that names the directory and matches
+// [ErrNoDirectory] (and fs.ErrNotExist). Percent-escapes are decoded. Query
 // parameters: prefix (the namespace), busy_timeout (a Go duration such as
 // 5s), max_value_bytes (an integer), poll_interval (a Go duration) and
 // mode=ro (Options.ReadOnly: an existing file, read only, nothing created).

@@ -96,13 +96,50 @@ type Tables struct {
 	Events          string // "": go_goscope_events
 }
 
+// ErrNoDirectory is matched (errors.Is) by the error of opening a database
+// whose directory does not exist. The store creates the database file but
+// never its directory: a directory is the application's to create, with
+// the owner and permissions it chooses, and a mistyped path should fail
+// rather than leave a new directory tree behind. The error also matches
+// fs.ErrNotExist.
+var ErrNoDirectory = errors.New("sqlite: the database file's directory does not exist")
+
+// noDirError is the error of opening path, whose directory dir does not
+// exist.
+type noDirError struct{ path, dir string }
+
+func (e *noDirError) Error() string {
+	dir := strconv.Quote(e.dir)
+	if abs, err := filepath.Abs(e.dir); err == nil && abs != e.dir {
+		dir += " (" + abs + ")"
+	}
+	return fmt.Sprintf("sqlite: opening %q: directory %s does not exist (the store creates the database file, not its directory)", e.path, dir)
+}
+
+func (e *noDirError) Is(target error) bool {
+	return target == ErrNoDirectory || target == fs.ErrNotExist
+}
+
+// checkDir returns a *noDirError if the directory of path does not exist.
+// Other failures (a path through a file, no permission) are left to SQLite
+// to report.
+func checkDir(path string) error {
+	dir := filepath.Dir(path)
+	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+		return &noDirError{path: path, dir: dir}
+	}
+	return nil
+}
+
 func init() {
 	warden.Register("sqlite", openURL)
 }
 
 // Open opens (creating if needed) the SQLite database file at path, creates
 // or upgrades warden's tables, and returns a checked warden.Store.
-// The file's directory must exist.
+// The file's directory must exist: Open creates the file, never a
+// directory, and a missing one is an error that names it and matches
+// [ErrNoDirectory] and fs.ErrNotExist.
 func Open(ctx context.Context, path string, opts *Options) (*warden.Store, error) {
 	drv, err := OpenDriver(ctx, path, opts)
 	if err != nil {
@@ -330,6 +367,9 @@ func openStore(ctx context.Context, path string, opts *Options) (*store, error) 
 		return nil, errors.New("sqlite: an in-memory database cannot be shared by the store's connections; use the memory:// store")
 	}
 	path = filepath.Clean(path)
+	if err := checkDir(path); err != nil {
+		return nil, err
+	}
 	if !cfg.readOnly {
 		return openFile(ctx, path, cfg, "")
 	}

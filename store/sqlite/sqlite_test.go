@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -210,6 +211,54 @@ func TestWardenOpenErrors(t *testing.T) {
 	if _, err := Open(ctx, ":memory:", nil); err == nil {
 		t.Error("Open(:memory:): no error")
 	}
+}
+
+// TestMissingDirectory: a database whose directory does not exist is not
+// created (nor is the directory); the error names the directory, says
+// that it does not exist, and matches ErrNoDirectory and fs.ErrNotExist,
+// read-write and read-only, through Open and warden.Open.
+func TestMissingDirectory(t *testing.T) {
+	ctx := context.Background()
+	base := t.TempDir()
+	missing := filepath.Join(base, "missing", "dir")
+	path := filepath.Join(missing, "x.db")
+	check := func(what string, err error, dir string) {
+		t.Helper()
+		if err == nil {
+			t.Fatalf("%s: no error", what)
+		}
+		if !errors.Is(err, ErrNoDirectory) || !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s: %v does not match ErrNoDirectory and fs.ErrNotExist", what, err)
+		}
+		if want := fmt.Sprintf("directory %q", dir); !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "does not exist") {
+			t.Errorf("%s: %q does not say that %s does not exist", what, err, want)
+		}
+		if strings.Contains(err.Error(), "WAL") {
+			t.Errorf("%s: %q speaks of WAL", what, err)
+		}
+	}
+	_, err := Open(ctx, path, nil)
+	check("Open", err, missing)
+	_, err = Open(ctx, path, &Options{ReadOnly: true})
+	check("Open read-only", err, missing)
+	_, err = warden.Open(ctx, "sqlite://"+path+"?prefix=billing:")
+	check("warden.Open", err, missing)
+	if _, err := os.Stat(filepath.Join(base, "missing")); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("a directory was created: %v", err)
+	}
+	// A relative path names the directory as given, and where it is.
+	t.Chdir(base)
+	_, err = warden.Open(ctx, "sqlite://typo/x.db")
+	check("relative", err, "typo")
+	if !strings.Contains(err.Error(), filepath.Join(base, "typo")) {
+		t.Errorf("relative: %q does not give the absolute directory", err)
+	}
+	// The directory's existence is all that is asked: once it exists,
+	// the file is created in it.
+	if err := os.MkdirAll(missing, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	openAt(t, path, nil)
 }
 
 func TestOptions(t *testing.T) {
