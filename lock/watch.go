@@ -143,7 +143,11 @@ func (l *Locker) wakeAll() {
 // falls behind delays the polls rather than losing events. A listing that
 // fails is reported as an EventsLost event whose Err is the store's error,
 // once per run of failures, so that a silent store and an unreachable one
-// look different.
+// look different. Every listing Watch makes (and every read of a tracked
+// holding) has PollInterval, at least one second, to answer: one that
+// does not is abandoned and counts as a failure whose error matches
+// warden.ErrStoreTimeout, so a store that stops answering is reported
+// too, and Watch itself returns that error if its first listing hangs.
 func (l *Locker) Watch(ctx context.Context, pattern string) (<-chan Event, error) {
 	p, err := warden.ParsePattern(pattern)
 	if err != nil {
@@ -169,8 +173,10 @@ func (l *Locker) Watch(ctx context.Context, pattern string) (<-chan Event, error
 		snap, err = l.snapshot(wctx, pattern)
 	}
 	if err != nil {
+		// (wctx is judged before cancel, which would end it.)
+		done := wctx.Err() != nil
 		cancel()
-		if wctx.Err() != nil {
+		if done {
 			return nil, doneErr(ctx, wctx, nil)
 		}
 		return nil, err
@@ -304,7 +310,12 @@ func (l *Locker) forward(ctx context.Context, cancel context.CancelFunc, src <-c
 // live and due, and returns an Expired event if the holding it tracked has
 // lapsed. ok is false when ctx ended.
 func (l *Locker) recheck(ctx context.Context, key string, live map[string]driver.LockRecord, due map[string]time.Time, now time.Time) (evs []Event, ok bool) {
-	rec, found, err := l.locks.Get(ctx, key)
+	var rec driver.LockRecord
+	var found bool
+	err := l.bounded(ctx, fmt.Sprintf("reading the lock %q", key), func(ctx context.Context) (err error) {
+		rec, found, err = l.locks.Get(ctx, key)
+		return err
+	})
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, false
@@ -335,9 +346,34 @@ func (l *Locker) recheck(ctx context.Context, key string, live map[string]driver
 	return evs, true
 }
 
-// snapshot lists the live holdings matching pattern.
+// storeBudget is how long one store operation of a Watch (a listing, a
+// read of a tracked holding) may take: PollInterval, at least
+// DefaultPollInterval. A listing that has not answered when the next is
+// due is late already; the floor spares a short PollInterval on a far
+// store from timing out every listing.
+func (l *Locker) storeBudget() time.Duration { return max(l.poll, DefaultPollInterval) }
+
+// bounded runs op on ctx bounded by the Watch store budget; a budget that
+// runs out while ctx lives is an error matching warden.ErrStoreTimeout.
+func (l *Locker) bounded(ctx context.Context, what string, op func(ctx context.Context) error) error {
+	budget := l.storeBudget()
+	sctx, cancel := context.WithTimeout(ctx, budget)
+	defer cancel()
+	err := op(sctx)
+	if err != nil && ctx.Err() == nil && sctx.Err() != nil {
+		return fmt.Errorf("lock: %s: %w (%v)", what, warden.ErrStoreTimeout, budget)
+	}
+	return err
+}
+
+// snapshot lists the live holdings matching pattern, within the store
+// budget.
 func (l *Locker) snapshot(ctx context.Context, pattern string) (map[string]driver.LockRecord, error) {
-	recs, err := l.locks.List(ctx, pattern)
+	var recs []driver.LockRecord
+	err := l.bounded(ctx, fmt.Sprintf("listing the locks matching %q", pattern), func(ctx context.Context) (err error) {
+		recs, err = l.locks.List(ctx, pattern)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}

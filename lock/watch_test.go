@@ -2,9 +2,12 @@ package lock
 
 import (
 	"context"
+	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
 	"github.com/warden-go/warden/internal/testkit"
 )
@@ -57,5 +60,98 @@ func TestWatchTracksAfterEventsLost(t *testing.T) {
 	}
 	if ev := expectEvent(t, ch, Expired, "job", a.Owner()); ev.Token != s.Token() {
 		t.Fatalf("expired %+v, want token %d", ev, s.Token())
+	}
+}
+
+// listHangs is a lock driver whose List does not answer while hang is
+// set: it blocks until its ctx ends (a store that stopped answering).
+type listHangs struct {
+	driver.Locks
+	hang      atomic.Bool
+	deadlines chan time.Time // of the hung listings' contexts; zero: none
+}
+
+func (h *listHangs) List(ctx context.Context, p driver.Pattern) ([]driver.LockRecord, error) {
+	if !h.hang.Load() {
+		return h.Locks.List(ctx, p)
+	}
+	dl, _ := ctx.Deadline()
+	select {
+	case h.deadlines <- dl:
+	default:
+	}
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+type listHangsStore struct {
+	driver.Store
+	locks *listHangs
+}
+
+func (s listHangsStore) Locks() driver.Locks { return s.locks }
+
+// A polling Watch on a store whose listing hangs reports it, as it
+// reports a failing listing: an EventsLost event whose Err matches
+// warden.ErrStoreTimeout (not the caller's deadline), once; the events go
+// on when the store answers again. Watch gives each listing a bounded
+// budget instead of waiting on the watch's own context.
+func TestPollWatchReportsHungListing(t *testing.T) {
+	db := testkit.DBName(t)
+	h := &listHangs{deadlines: make(chan time.Time, 1)}
+	w := openEnv(t, db, func(d driver.Store) driver.Store {
+		h.Locks = d.Locks()
+		return listHangsStore{Store: d, locks: h}
+	}).locker(t, &Options{PollInterval: 5 * time.Millisecond})
+	holder := openEnv(t, db, nil).locker(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	events, err := w.Watch(ctx, "*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev := nextEvent(t, events); ev.Kind != EventsLost || !errors.Is(ev.Err, ErrPolled) {
+		t.Fatalf("first event %+v, want EventsLost with ErrPolled", ev)
+	}
+	h.hang.Store(true)
+	ev, ok := <-events
+	if !ok {
+		t.Fatal("the watch ended without reporting the hung listing: it waited on the watch's own context")
+	}
+	if ev.Kind != EventsLost || !errors.Is(ev.Err, warden.ErrStoreTimeout) || errors.Is(ev.Err, context.DeadlineExceeded) {
+		t.Fatalf("while the listing hangs: %+v, want EventsLost with an Err matching warden.ErrStoreTimeout", ev)
+	}
+	if dl := <-h.deadlines; dl.IsZero() {
+		t.Fatal("the hung listing ran without a deadline of its own")
+	}
+	h.hang.Store(false)
+	if _, err := holder.Acquire(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	for ev := range events {
+		if ev.Kind == EventsLost {
+			t.Fatalf("a second EventsLost for one run of failures: %+v", ev)
+		}
+		if ev.Kind == Acquired && ev.Key == "k" {
+			return
+		}
+	}
+	t.Fatal("the watch ended before the acquisition was reported")
+}
+
+// Watch's first listing is bounded too: a store that does not answer it
+// is an error matching warden.ErrStoreTimeout, not a Watch call that
+// waits as long as the caller's context.
+func TestPollWatchFirstListingHangs(t *testing.T) {
+	h := &listHangs{deadlines: make(chan time.Time, 1)}
+	h.hang.Store(true)
+	w := openEnv(t, testkit.DBName(t), func(d driver.Store) driver.Store {
+		h.Locks = d.Locks()
+		return listHangsStore{Store: d, locks: h}
+	}).locker(t, &Options{PollInterval: 5 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := w.Watch(ctx, "*"); !errors.Is(err, warden.ErrStoreTimeout) {
+		t.Fatalf("Watch on a store whose listing hangs = %v, want an error matching warden.ErrStoreTimeout", err)
 	}
 }
