@@ -113,9 +113,10 @@ type Options struct {
 	// and DefaultPollMax (200 ms). A PollMax under PollMin is raised to it.
 	PollMin, PollMax time.Duration
 	// StoreTimeout bounds each store call GetOrLoad makes before it
-	// loads (the lookup, taking the load lease), so that a store that
-	// hangs costs a read at most this long before the loader runs. 0:
-	// DefaultStoreTimeout (1 s).
+	// loads (the lookup, taking the load lease) and its wait for the
+	// loaded value to be stored; each is also bounded by half of the time
+	// left before the caller's deadline, so that a store that hangs
+	// leaves the loader time to run. 0: DefaultStoreTimeout (1 s).
 	StoreTimeout time.Duration
 	// FailOnStoreError makes GetOrLoad return the store's error when the
 	// store fails or times out. By default it loads instead — without

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/internal/valid"
 )
 
@@ -40,27 +41,36 @@ type flight[T any] struct {
 // once; the load goes on for the others. A loader returning an error that
 // wraps ErrNotFound means the value does not exist; GetOrLoad then returns
 // that error, and caches the absence for Options.NegativeTTL if set. Other
-// loader errors are returned as they are, never cached. A failure to store
-// a loaded value is logged to the store's logger and the value returned.
+// loader errors are returned as they are, never cached. A loaded value is
+// returned once it is stored, or once the caller's store budget (below)
+// runs out, whichever comes first; the write goes on in the background
+// then (Close waits for it), and a failure to store the value is logged
+// to the store's logger.
 //
-// When the store fails or does not answer within Options.StoreTimeout,
-// GetOrLoad loads anyway (unless Options.FailOnStoreError): the value is
-// served, its storing is attempted, and Stats.StoreFallbacks counts it.
+// Every store call GetOrLoad waits for before loading (the lookup, taking
+// the load lease) is bounded by Options.StoreTimeout and by half of the
+// time left before ctx's deadline, so that a store that stops answering
+// leaves the loader time to run. When the store fails or runs out of that
+// budget, GetOrLoad loads anyway (unless Options.FailOnStoreError, which
+// returns the store's error, matching warden.ErrStoreTimeout for a budget
+// that ran out): the value is served, its storing is attempted in the
+// background, and Stats.StoreFallbacks counts it.
 func (c *Cache[T]) GetOrLoad(ctx context.Context, key string, loader func(ctx context.Context) (T, error)) (T, error) {
 	var zero T
 	if loader == nil {
 		return zero, valid.Nil("cache", "loader")
 	}
 	sk := c.opts.Prefix + key
-	lctx, cancel := context.WithTimeout(ctx, c.opts.StoreTimeout)
+	dl, _ := ctx.Deadline()
+	lctx, cancel := c.storeCtx(ctx, dl)
 	r, err := c.lookup(lctx, sk, true)
+	err = storeErr(ctx, lctx, err)
 	cancel()
 	if err != nil && ctx.Err() == nil && !isDecodeErr(err) && !c.opts.FailOnStoreError {
-		// The store is down or slow: load as on a miss (fetch loads
-		// without the store if it still fails).
+		// The store is down or slow: load without it.
 		c.count(err)
 		c.misses.Add(1)
-		return c.join(ctx, sk, loader)
+		return c.join(ctx, sk, loader, err)
 	}
 	if err != nil {
 		if ctx.Err() != nil || !isDecodeErr(err) {
@@ -91,11 +101,39 @@ func (c *Cache[T]) GetOrLoad(ctx context.Context, key string, loader func(ctx co
 		}
 	}
 	c.misses.Add(1)
-	return c.join(ctx, sk, loader)
+	return c.join(ctx, sk, loader, nil)
+}
+
+// storeCtx returns the context of a store call a caller waits for: ctx
+// bounded by StoreTimeout and, when the caller has a deadline dl, by half
+// of the time left before it, so that a hung store leaves the loader the
+// other half.
+func (c *Cache[T]) storeCtx(ctx context.Context, dl time.Time) (context.Context, context.CancelFunc) {
+	d := c.opts.StoreTimeout
+	if !dl.IsZero() {
+		d = min(d, time.Until(dl)/2)
+	}
+	return context.WithTimeout(ctx, d)
+}
+
+// storeErr returns err, an error of a store call made on sctx (from
+// storeCtx) for a caller on ctx, as an error matching
+// warden.ErrStoreTimeout when the budget ran out while ctx lived (not
+// context.DeadlineExceeded, which would read as the caller's own).
+func storeErr(ctx, sctx context.Context, err error) error {
+	if err != nil && ctx.Err() == nil && sctx.Err() != nil &&
+		(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
+		return fmt.Errorf("cache: %w", warden.ErrStoreTimeout)
+	}
+	return err
 }
 
 // join waits for the process's load of sk, starting one if none runs.
-func (c *Cache[T]) join(ctx context.Context, sk string, loader func(context.Context) (T, error)) (T, error) {
+// down is the store's error if the caller's lookup failed: a load started
+// then goes without the store. The load's store calls are bounded by the
+// deadline of the caller that starts it, and so is the callers' wait for
+// the loaded value to be stored.
+func (c *Cache[T]) join(ctx context.Context, sk string, loader func(context.Context) (T, error), down error) (T, error) {
 	var zero T
 	c.mu.Lock()
 	if c.closed {
@@ -107,11 +145,42 @@ func (c *Cache[T]) join(ctx context.Context, sk string, loader func(context.Cont
 		f = &flight[T]{done: make(chan struct{})}
 		c.flights[sk] = f
 		base, stop := c.detach(ctx)
+		dl, _ := ctx.Deadline()
 		c.wg.Add(1)
 		go func() {
 			defer c.wg.Done()
 			defer stop()
-			v, err := c.fetch(base, sk, f, loader)
+			var (
+				v     T
+				err   error
+				after func()
+			)
+			if down != nil {
+				v, after, err = c.loadWithoutStore(base, sk, loader, down)
+			} else {
+				v, after, err = c.fetch(base, dl, sk, f, loader)
+			}
+			if after != nil {
+				// Store the value (and give the load lease back) while the
+				// callers wait, so that their next lookup finds it — but
+				// only within their store budget; the write goes on
+				// without them past it, or at once if the store is down.
+				wrote := make(chan struct{})
+				c.wg.Add(1)
+				go func() {
+					defer c.wg.Done()
+					defer close(wrote)
+					after()
+				}()
+				if down == nil {
+					wctx, cancel := c.storeCtx(base, dl)
+					select {
+					case <-wrote:
+					case <-wctx.Done():
+					}
+					cancel()
+				}
+			}
 			c.mu.Lock()
 			if c.flights[sk] == f {
 				delete(c.flights, sk)
@@ -146,55 +215,59 @@ func (c *Cache[T]) detach(ctx context.Context) (context.Context, func()) {
 // fetch obtains sk's value for flight f: it takes the load lease and
 // loads, or waits for the process holding the lease to store the value.
 // It gives up when no caller waits any more and the loader has not
-// started.
-func (c *Cache[T]) fetch(base context.Context, sk string, f *flight[T], loader func(context.Context) (T, error)) (T, error) {
+// started. Its store calls are bounded as storeCtx says, for a caller
+// whose deadline is dl. after, if not nil, stores the value and gives
+// the lease back; it is run once the value is served.
+func (c *Cache[T]) fetch(base context.Context, dl time.Time, sk string, f *flight[T], loader func(context.Context) (T, error)) (v T, after func(), err error) {
 	var zero T
 	owner := c.flightOwner()
 	lk := leaseKey(sk)
 	delay := c.opts.PollMin
 	for {
 		if base.Err() != nil {
-			return zero, ErrClosed
+			return zero, nil, ErrClosed
 		}
 		sent := time.Now()
-		actx, cancel := context.WithTimeout(base, c.opts.StoreTimeout)
+		actx, cancel := c.storeCtx(base, dl)
 		rec, acquired, err := c.st.Locks().Acquire(actx, lk, owner, c.opts.LoadLease)
+		err = storeErr(base, actx, err)
 		cancel()
 		if err != nil {
 			c.count(err)
 			if base.Err() == nil && !c.opts.FailOnStoreError {
 				return c.loadWithoutStore(base, sk, loader, err)
 			}
-			return zero, c.closedOr(base, err)
+			return zero, nil, c.closedOr(base, err)
 		}
 		if acquired {
-			return c.loadHeld(base, sk, lk, owner, rec.Token, sent, loader)
+			return c.loadHeld(base, dl, sk, lk, owner, rec.Token, sent, loader)
 		}
 		// Another process loads: wait for its value, or for its lease to
 		// end so that this one can take over.
 		if !c.pause(base, f, jitter(delay)) {
-			return zero, c.closedOr(base, context.Canceled) // nobody waits any more
+			return zero, nil, c.closedOr(base, context.Canceled) // nobody waits any more
 		}
 		delay = min(2*delay, c.opts.PollMax)
-		lctx, cancel := context.WithTimeout(base, c.opts.StoreTimeout)
+		lctx, cancel := c.storeCtx(base, dl)
 		r, err := c.lookup(lctx, sk, true)
+		err = storeErr(base, lctx, err)
 		cancel()
 		if err != nil && !isDecodeErr(err) {
 			c.count(err)
 			if base.Err() == nil && !c.opts.FailOnStoreError {
 				return c.loadWithoutStore(base, sk, loader, err)
 			}
-			return zero, c.closedOr(base, err)
+			return zero, nil, c.closedOr(base, err)
 		}
 		switch r.state {
 		case stateFresh:
-			return r.val, nil
+			return r.val, nil, nil
 		case stateStale:
 			if c.opts.StaleWhileRevalidate > 0 {
-				return r.val, nil
+				return r.val, nil, nil
 			}
 		case stateAbsent:
-			return zero, ErrNotFound
+			return zero, nil, ErrNotFound
 		}
 	}
 }
@@ -223,50 +296,75 @@ func (c *Cache[T]) pause(base context.Context, f *flight[T], d time.Duration) bo
 }
 
 // loadHeld runs the loader while this process holds the load lease of sk
-// (acquired by a request sent at sent), stores the result and gives the
-// lease back. It first re-reads the entry, in case the previous lease
-// holder stored a value just before the lease was taken.
-func (c *Cache[T]) loadHeld(base context.Context, sk, lk, owner string, token int64, sent time.Time, loader func(context.Context) (T, error)) (T, error) {
+// (acquired by a request sent at sent). It first re-reads the entry
+// (bounded like fetch's calls, for a caller whose deadline is dl), in
+// case the previous lease holder stored a value just before the lease was
+// taken. after stores the result (a value, or an absence with
+// NegativeTTL) and then gives the lease back, so that other processes find
+// the value once the lease is free.
+func (c *Cache[T]) loadHeld(base context.Context, dl time.Time, sk, lk, owner string, token int64, sent time.Time, loader func(context.Context) (T, error)) (v T, after func(), err error) {
 	var zero T
-	defer c.giveBack(base, lk, owner, token)
+	giveBack := func() { c.giveBack(base, lk, owner, token) }
 
-	r, err := c.lookup(base, sk, true)
+	lctx, cancel := c.storeCtx(base, dl)
+	r, err := c.lookup(lctx, sk, true)
+	err = storeErr(base, lctx, err)
+	cancel()
 	if err != nil && !isDecodeErr(err) {
 		c.count(err)
-		return zero, c.closedOr(base, err)
+		if base.Err() == nil && !c.opts.FailOnStoreError {
+			v, store, err := c.loadWithoutStore(base, sk, loader, err)
+			return v, func() {
+				store()
+				giveBack()
+			}, err
+		}
+		return zero, giveBack, c.closedOr(base, err)
 	}
 	switch r.state {
 	case stateFresh:
-		return r.val, nil
+		return r.val, giveBack, nil
 	case stateAbsent:
-		return zero, ErrNotFound
+		return zero, giveBack, ErrNotFound
 	}
 
-	lctx, cancel := context.WithDeadline(base, sent.Add(c.opts.LoadLease))
+	ldctx, cancel := context.WithDeadline(base, sent.Add(c.opts.LoadLease))
 	defer cancel()
 	c.loads.Add(1)
-	v, err := callLoader(lctx, loader)
+	v, err = callLoader(ldctx, loader)
 	if err != nil {
 		if errors.Is(err, ErrNotFound) {
-			if c.opts.NegativeTTL > 0 {
+			if c.opts.NegativeTTL <= 0 {
+				return zero, giveBack, err
+			}
+			return zero, func() {
 				wctx, wcancel := context.WithTimeout(context.WithoutCancel(base), releaseTimeout)
 				if serr := c.st.Cache().Set(wctx, sk, absentValue, c.opts.NegativeTTL); serr != nil {
 					c.count(serr)
 					c.st.Logger().Warn("warden cache: cannot cache an absence", "key", sk, "err", serr)
 				}
 				wcancel()
-			}
-			return zero, err
+				giveBack()
+			}, err
 		}
 		c.loadErrs.Add(1)
-		if cerr := lctx.Err(); cerr != nil && errors.Is(err, cerr) && base.Err() == nil {
+		if cerr := ldctx.Err(); cerr != nil && errors.Is(err, cerr) && base.Err() == nil {
 			err = fmt.Errorf("cache: load of %q ran out of its LoadLease (%v): %w", sk, c.opts.LoadLease, err)
 		}
-		return zero, err
+		return zero, giveBack, err
 	}
+	return v, func() {
+		c.store(base, sk, v, releaseTimeout)
+		giveBack()
+	}, nil
+}
+
+// store writes a loaded value v under sk, bounded by timeout and not by
+// base's cancellation; a failure is counted and logged.
+func (c *Cache[T]) store(base context.Context, sk string, v T, timeout time.Duration) {
 	b, hard, err := c.encode(v, c.opts.TTL)
 	if err == nil {
-		wctx, wcancel := context.WithTimeout(context.WithoutCancel(base), releaseTimeout)
+		wctx, wcancel := context.WithTimeout(context.WithoutCancel(base), timeout)
 		err = c.st.Cache().Set(wctx, sk, b, hard)
 		wcancel()
 	}
@@ -274,37 +372,26 @@ func (c *Cache[T]) loadHeld(base context.Context, sk, lk, owner string, token in
 		c.count(err)
 		c.st.Logger().Warn("warden cache: cannot store a loaded value", "key", sk, "err", err)
 	}
-	return v, nil
 }
 
 // loadWithoutStore loads sk when the store failed (storeErr) on the way:
 // without the cross-process lease, bounded by LoadLease. The value is
-// served and its storing attempted (bounded by StoreTimeout); a failure
-// there is logged.
-func (c *Cache[T]) loadWithoutStore(base context.Context, sk string, loader func(context.Context) (T, error), storeErr error) (T, error) {
+// served; after attempts to store it, bounded by StoreTimeout.
+func (c *Cache[T]) loadWithoutStore(base context.Context, sk string, loader func(context.Context) (T, error), storeErr error) (v T, after func(), err error) {
 	var zero T
 	c.fallbacks.Add(1)
 	c.st.Logger().Warn("warden cache: the store failed; loading without it", "key", sk, "err", storeErr)
 	lctx, cancel := context.WithTimeout(base, c.opts.LoadLease)
 	defer cancel()
 	c.loads.Add(1)
-	v, err := callLoader(lctx, loader)
+	v, err = callLoader(lctx, loader)
 	if err != nil {
 		if !errors.Is(err, ErrNotFound) {
 			c.loadErrs.Add(1)
 		}
-		return zero, err
+		return zero, func() {}, err
 	}
-	b, hard, err := c.encode(v, c.opts.TTL)
-	if err == nil {
-		wctx, wcancel := context.WithTimeout(context.WithoutCancel(base), c.opts.StoreTimeout)
-		err = c.st.Cache().Set(wctx, sk, b, hard)
-		wcancel()
-	}
-	if err != nil {
-		c.count(err)
-	}
-	return v, nil
+	return v, func() { c.store(base, sk, v, c.opts.StoreTimeout) }, nil
 }
 
 // giveBack releases a load lease; a failure only delays other loaders
@@ -353,7 +440,11 @@ func (c *Cache[T]) revalidate(ctx context.Context, sk string, loader func(contex
 		if !acquired {
 			return // another process revalidates
 		}
-		if _, err := c.loadHeld(base, sk, lk, owner, rec.Token, sent, loader); err != nil && !errors.Is(err, ErrNotFound) && base.Err() == nil {
+		_, after, err := c.loadHeld(base, time.Time{}, sk, lk, owner, rec.Token, sent, loader)
+		if after != nil {
+			after()
+		}
+		if err != nil && !errors.Is(err, ErrNotFound) && base.Err() == nil {
 			c.st.Logger().Warn("warden cache: background reload failed; serving the stale value", "key", sk, "err", err)
 		}
 	}()

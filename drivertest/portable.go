@@ -33,6 +33,7 @@ func (s *suite) portable(t *testing.T) {
 		{"IdempotencyProcesses", s.portableIdempotency},
 		{"BreakerProcesses", s.portableBreaker},
 		{"CacheLoadProcesses", s.portableCacheLoad},
+		{"CacheHungStore", s.portableCacheHungStore},
 		{"CheckpointResumeAfterKill", s.portableCheckpointKill},
 	})
 }
