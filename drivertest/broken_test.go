@@ -159,6 +159,14 @@ var doubles = []double{
 		wrap:  func(b *broken) { b.circuits = anyGeneration{Circuits: b.circuits} },
 	},
 	{
+		// The counting period renewed on a read made before the write:
+		// two writers that both read "over" both reset the counts.
+		name:  "circuit-interval-read-then-reset",
+		run:   "^Circuits$/^FleetInterval$",
+		fails: []string{"Circuits/FleetInterval"},
+		wrap:  func(b *broken) { b.circuits = intervalReadThenReset{Circuits: b.circuits} },
+	},
+	{
 		// SetIfAbsent as Has-then-Set.
 		name:  "cache-setifabsent-racy",
 		run:   "^Cache$/^SetIfAbsent$",
@@ -592,6 +600,29 @@ func (c anyGeneration) RecordFailure(ctx context.Context, name string, threshold
 
 func (c anyGeneration) RecordSuccess(ctx context.Context, name string, _ int64) (driver.CircuitRecord, error) {
 	return c.Circuits.RecordSuccess(ctx, name, driver.AnyGeneration)
+}
+
+// intervalReadThenReset decides whether the counting period is over on a
+// read, then writes: a write that found the period over asks the store to
+// reset by an interval of one millisecond, however many other writers
+// reset it meanwhile.
+type intervalReadThenReset struct{ driver.Circuits }
+
+func (c intervalReadThenReset) RecordOutcome(ctx context.Context, name string, o driver.Outcome) (driver.CircuitRecord, error) {
+	if o.Interval <= 0 {
+		return c.Circuits.RecordOutcome(ctx, name, o)
+	}
+	rec, found, err := c.Circuits.Get(ctx, name)
+	if err != nil {
+		return rec, err
+	}
+	over := found && !rec.IntervalStart.IsZero() && !rec.IntervalStart.Add(o.Interval).After(time.Now())
+	o.Interval = 24 * time.Hour // within the period: no reset
+	if over {
+		time.Sleep(15 * time.Millisecond) // the window other writers read "over" in too
+		o.Interval = time.Millisecond
+	}
+	return c.Circuits.RecordOutcome(ctx, name, o)
 }
 
 // ---------------------------------------------------------------------------

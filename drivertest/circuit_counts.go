@@ -490,6 +490,7 @@ func init() {
 	portableRoles["circuit-trips"] = childCircuitTrips
 	portableRoles["circuit-probes"] = childCircuitProbes
 	portableRoles["breaker-gobreaker"] = childBreakerGobreaker
+	portableRoles["circuit-interval"] = childCircuitInterval
 }
 
 // mpMaxProbes is the concurrent probes of the multi-process checks.
@@ -749,4 +750,111 @@ func (s *suite) breakerGobreaker(t *testing.T) {
 	rec, _, err := st.Circuits().Get(ctx, name)
 	fatalIf(t, "Get", err)
 	wantCircuit(t, "after the successful probes", rec, name, driver.Closed, 0)
+}
+
+// childCircuitInterval records Rounds failures from each of Goroutines
+// goroutines, with counting period Interval and no threshold, pausing a
+// few milliseconds between two, and reports each record returned (Values:
+// "IntervalStart UpdatedAt TotalFailures Failures", times in Unix
+// milliseconds) and its state (States).
+func childCircuitInterval(ctx context.Context, st *warden.Store, cfg childConfig, res *childResult, mu *sync.Mutex, fail func(string, ...any)) {
+	c := st.Circuits()
+	startTogether(ctx, cfg, func() error { _, _, err := c.Get(ctx, cfg.Key); return err }, fail, func(int) {
+		for range cfg.Rounds {
+			rec, err := c.RecordOutcome(ctx, cfg.Key, driver.Outcome{Kind: driver.OutcomeFailure, Interval: cfg.Interval})
+			if err != nil {
+				fail("RecordOutcome: %v", err)
+				return
+			}
+			mu.Lock()
+			res.Values = append(res.Values, fmt.Sprintf("%d %d %d %d", rec.IntervalStart.UnixMilli(), rec.UpdatedAt.UnixMilli(), rec.TotalFailures, rec.Failures))
+			res.States = append(res.States, string(rec.State))
+			mu.Unlock()
+			sleepCtx(ctx, cfg.Pause)
+		}
+	})
+}
+
+// mpCircuitInterval: failures recorded from several processes with a short
+// counting period (Interval) renew the period exactly as the store's clock
+// says, atomically with the counting: within each period (the records
+// that returned one IntervalStart) the total failures returned are 1..n,
+// each once — no increment lost, no period reset twice or counted into
+// another — the write that opened a period is the one that returned
+// total 1, stamped with the period's start, and periods begin at least
+// Interval apart. (A write's UpdatedAt may precede the start of the
+// period it counted in: SQL stores read their clock before waiting for
+// the row, which a concurrent writer may have renewed meanwhile. The
+// count is still exact.) The fleet writes for longer
+// than the period (the pauses alone last several periods), so the period
+// is renewed while processes write concurrently.
+func (s *suite) mpCircuitInterval(t *testing.T) {
+	const procs, goroutines, rounds = 3, 2, 20
+	const interval, pause = 20 * time.Millisecond, 5 * time.Millisecond
+	cfgs, st := s.fleetConfigs(t, "circuit-interval", procs)
+	for i := range cfgs {
+		cfgs[i].Goroutines, cfgs[i].Rounds, cfgs[i].Interval, cfgs[i].Pause = goroutines, rounds, interval, pause
+	}
+	f := startFleet(t, cfgs)
+	f.release(t)
+	f.step(t, "start", func() {})
+	results := f.wait(t)
+
+	type write struct{ start, updated, total, failures int64 }
+	periods := map[int64][]write{}
+	n := 0
+	for _, r := range results {
+		for i, v := range r.Values {
+			var w write
+			if _, err := fmt.Sscanf(v, "%d %d %d %d", &w.start, &w.updated, &w.total, &w.failures); err != nil {
+				t.Fatalf("child %d reported %q: %v", r.ID, v, err)
+			}
+			if r.States[i] != string(driver.Closed) {
+				t.Errorf("a failure without a threshold left the circuit %s", r.States[i])
+			}
+			if w.failures != w.total {
+				t.Errorf("a write returned %d consecutive failures but %d total failures in a period of failures only", w.failures, w.total)
+			}
+			periods[w.start] = append(periods[w.start], w)
+			n++
+		}
+	}
+	if want := procs * goroutines * rounds; n != want {
+		t.Fatalf("%d writes reported, want %d", n, want)
+	}
+	if len(periods) < 2 {
+		t.Fatalf("one counting period of %v for writes that lasted at least %v: the period was never renewed", interval, time.Duration(rounds)*pause)
+	}
+	starts := make([]int64, 0, len(periods))
+	for start := range periods {
+		starts = append(starts, start)
+	}
+	sort.Slice(starts, func(i, j int) bool { return starts[i] < starts[j] })
+	for i, start := range starts {
+		if i > 0 && start-starts[i-1] < interval.Milliseconds() {
+			t.Errorf("a period began at %d, %d ms after the one from %d: a period of %v was cut short (reset twice)",
+				start, start-starts[i-1], starts[i-1], interval)
+		}
+		ws := periods[start]
+		sort.Slice(ws, func(i, j int) bool { return ws[i].total < ws[j].total })
+		for i, w := range ws {
+			if w.total != int64(i+1) {
+				totals := make([]int64, len(ws))
+				for j := range ws {
+					totals[j] = ws[j].total
+				}
+				t.Fatalf("the period from %d returned total failures %v, want 1..%d each once (increments lost, or a period reset twice)", start, totals, len(ws))
+			}
+		}
+		if ws[0].updated != start {
+			t.Errorf("the write that opened the period from %d was made at %d", start, ws[0].updated)
+		}
+	}
+	rec, _, err := st.Circuits().Get(testCtx(t), cfgs[0].Key)
+	fatalIf(t, "Get", err)
+	last := starts[len(starts)-1]
+	if rec.IntervalStart.UnixMilli() != last || rec.TotalFailures != int64(len(periods[last])) {
+		t.Errorf("the circuit ends in the period from %d with %d total failures, want the last period reported (from %d, %d failures)",
+			rec.IntervalStart.UnixMilli(), rec.TotalFailures, last, len(periods[last]))
+	}
 }

@@ -37,6 +37,7 @@ func (s *suite) circuits(t *testing.T) {
 		{"TripConcurrent", s.circuitTripConcurrent},
 		{"ProbesConcurrent", s.circuitProbesConcurrent},
 		{"FleetTrips", s.mpCircuitTrips},
+		{"FleetInterval", s.mpCircuitInterval},
 		{"BreakerGobreaker", s.breakerGobreaker},
 		{"BreakerHungStore", s.breakerHungStore},
 		{"BreakerHungWrite", s.breakerHungWrite},

@@ -53,6 +53,8 @@ type childConfig struct {
 	Pause   time.Duration // how long an operation or loader works
 	StopAt  int           // checkpoint: the step after which the child blocks
 	Total   int           // breaker: calls of the whole fleet in the probe round
+	// Interval is the counting period of the circuit checks (FleetInterval).
+	Interval time.Duration
 }
 
 // childResult is what a child reports back, in Dir/result-ID.json.
