@@ -112,6 +112,44 @@ func TestRoundTrips(t *testing.T) {
 		_, err := st.Circuits().RecordSuccess(ctx, "c")
 		return err
 	})
+	// The gobreaker-style operations (issue 13): each case is one
+	// conditional UpdateItem with exclusive conditions, so the case that
+	// applies first is one request; an operation that matches no case (an
+	// outcome of an older generation, a Trip at a stale version) tries
+	// them and reads the item (logged).
+	var gen, version int64
+	if _, err := st.Circuits().RecordFailure(ctx, "g", 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := st.Circuits().TryProbes(ctx, "g", "p1", 0, time.Minute, 2); err != nil {
+		t.Fatal(err)
+	}
+	count("circuit try probes (a second of 2 slots)", 1, func() error {
+		r, ok, err := st.Circuits().TryProbes(ctx, "g", "p2", 0, time.Minute, 2)
+		gen = r.Generation()
+		return must(ok, err, "try probes")
+	})
+	count("circuit outcome (older generation: ignored)", 0, func() error {
+		_, err := st.Circuits().RecordOutcome(ctx, "g", driver.Outcome{Kind: driver.OutcomeFailure, Gen: gen - 1, Threshold: 1})
+		return err
+	})
+	count("circuit outcome (generation matches, closing)", 1, func() error {
+		r, err := st.Circuits().RecordOutcome(ctx, "g", driver.Outcome{Kind: driver.OutcomeSuccess, Gen: gen, CloseAfter: 1})
+		return must(err == nil && r.State == driver.Closed, err, "closing outcome")
+	})
+	count("circuit outcome (counted, threshold 0)", 1, func() error {
+		r, err := st.Circuits().RecordOutcome(ctx, "g", driver.Outcome{Kind: driver.OutcomeFailure, Successes: 2, Interval: time.Hour})
+		version = r.Version
+		return err
+	})
+	count("circuit trip (at the version counted)", 1, func() error {
+		_, ok, err := st.Circuits().Trip(ctx, "g", version)
+		return must(ok, err, "trip")
+	})
+	count("circuit trip (stale version)", 0, func() error {
+		_, ok, err := st.Circuits().Trip(ctx, "g", version)
+		return must(!ok, err, "stale trip")
+	})
 	count("cache set", 1, func() error { return st.Cache().Set(ctx, "ck", []byte("v"), time.Minute) })
 	count("cache get", 1, func() error {
 		_, ok, err := st.Cache().Get(ctx, "ck")

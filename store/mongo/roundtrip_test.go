@@ -150,6 +150,54 @@ func TestRoundTrips(t *testing.T) {
 		return err
 	})
 	count("Circuits.TryProbe (refused)", 2, func() error { _, _, err := cb.TryProbe(ctx, "c", "q", 0, time.Minute); return err })
+	// The gobreaker-style operations (issue 13): one findOneAndUpdate per
+	// case, tried in order with disjoint filters, so each decision is one
+	// atomic step; a case whose filter does not match costs a round trip,
+	// and an operation that matches no case (an outcome of an older
+	// generation, a Trip at a stale version) ends with a read of the
+	// record it returns.
+	var gen, version int64
+	count("Circuits.TryProbes (a second of 2 slots)", 3, func() error {
+		r, ok, err := cb.TryProbes(ctx, "c", "p2", 0, time.Minute, 2)
+		if err == nil && !ok {
+			t.Error("the second of 2 probe slots refused")
+		}
+		gen = r.Generation()
+		return err
+	})
+	count("Circuits.RecordOutcome (older generation: ignored)", 3, func() error {
+		r, err := cb.RecordOutcome(ctx, "c", driver.Outcome{Kind: driver.OutcomeFailure, Gen: gen - 1, Threshold: 1})
+		if err == nil && r.State != driver.HalfOpen {
+			t.Errorf("an outcome of an older generation left the circuit %s", r.State)
+		}
+		return err
+	})
+	count("Circuits.RecordOutcome (success, generation matches, closing)", 2, func() error {
+		r, err := cb.RecordOutcome(ctx, "c", driver.Outcome{Kind: driver.OutcomeSuccess, Gen: gen, CloseAfter: 1})
+		if err == nil && r.State != driver.Closed {
+			t.Errorf("a probe's success left the circuit %s", r.State)
+		}
+		return err
+	})
+	count("Circuits.RecordOutcome (failure counted, threshold 0)", 1, func() error {
+		r, err := cb.RecordOutcome(ctx, "c", driver.Outcome{Kind: driver.OutcomeFailure, Successes: 2, Interval: time.Hour})
+		version = r.Version
+		return err
+	})
+	count("Circuits.Trip (at the version counted)", 1, func() error {
+		_, ok, err := cb.Trip(ctx, "c", version)
+		if err == nil && !ok {
+			t.Error("Trip at the current version refused")
+		}
+		return err
+	})
+	count("Circuits.Trip (stale version)", 2, func() error {
+		_, ok, err := cb.Trip(ctx, "c", version)
+		if err == nil && ok {
+			t.Error("Trip at a stale version applied")
+		}
+		return err
+	})
 	count("Cache.Set", 1, func() error { return ca.Set(ctx, "c", []byte("v"), time.Minute) })
 	// FerretDB does not name the index of a duplicate key: a collision
 	// there may be with a go-go-scope entry, which costs a look.

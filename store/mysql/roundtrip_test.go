@@ -183,7 +183,55 @@ func TestRoundTrips(t *testing.T) {
 		}
 		return err
 	})
-	count("Circuits.TryProbe", 4, func() error { _, _, err := cb.TryProbe(ctx, key, "p", 0, time.Second); return err })
+	var gen, version int64
+	count("Circuits.TryProbe", 4, func() error {
+		r, _, err := cb.TryProbe(ctx, key, "p", 0, time.Second)
+		gen = r.Generation()
+		return err
+	})
+	// The gobreaker-style operations (issue 13) are one atomic change
+	// like the others, whatever they decide: START TRANSACTION, the
+	// change, the read of the row it left, COMMIT.
+	count("Circuits.TryProbes (a second of 2 slots)", 4, func() error {
+		_, ok, err := cb.TryProbes(ctx, key, "p2", 0, time.Second, 2)
+		if err == nil && !ok {
+			t.Error("the second of 2 probe slots refused")
+		}
+		return err
+	})
+	count("Circuits.RecordOutcome (older generation: ignored)", 4, func() error {
+		r, err := cb.RecordOutcome(ctx, key, driver.Outcome{Kind: driver.OutcomeFailure, Gen: gen - 1, Threshold: 1})
+		if err == nil && r.State != driver.HalfOpen {
+			t.Errorf("an outcome of an older generation left the circuit %s", r.State)
+		}
+		return err
+	})
+	count("Circuits.RecordOutcome (success, generation matches, closing)", 4, func() error {
+		r, err := cb.RecordOutcome(ctx, key, driver.Outcome{Kind: driver.OutcomeSuccess, Gen: gen, CloseAfter: 1})
+		if err == nil && r.State != driver.Closed {
+			t.Errorf("a probe's success left the circuit %s", r.State)
+		}
+		return err
+	})
+	count("Circuits.RecordOutcome (failure counted, threshold 0)", 4, func() error {
+		r, err := cb.RecordOutcome(ctx, key, driver.Outcome{Kind: driver.OutcomeFailure, Successes: 2, Interval: time.Hour})
+		version = r.Version
+		return err
+	})
+	count("Circuits.Trip (at the version counted)", 4, func() error {
+		_, ok, err := cb.Trip(ctx, key, version)
+		if err == nil && !ok {
+			t.Error("Trip at the current version refused")
+		}
+		return err
+	})
+	count("Circuits.Trip (stale version)", 4, func() error {
+		_, ok, err := cb.Trip(ctx, key, version)
+		if err == nil && ok {
+			t.Error("Trip at a stale version applied")
+		}
+		return err
+	})
 	count("Cache.Set", 1, func() error { return ca.Set(ctx, key, []byte("v"), time.Minute) })
 	// The outcome is read from @warden_out on the same connection (not from
 	// LAST_INSERT_ID, which an AUTO_INCREMENT column overrides).

@@ -72,7 +72,7 @@ func TestRoundTrips(t *testing.T) {
 		want int64
 		f    func(key string) error
 	}
-	var token int64
+	var token, gen, version int64
 	ops := []op{
 		{"Locks.Acquire (new key)", 1, func(key string) error {
 			l, ok, err := lk.Acquire(ctx, key, "a", time.Minute)
@@ -111,7 +111,53 @@ func TestRoundTrips(t *testing.T) {
 			return err
 		}},
 		{"Circuits.RecordSuccess", 1, func(key string) error { _, err := cb.RecordSuccess(ctx, key); return err }},
-		{"Circuits.TryProbe", 1, func(key string) error { _, _, err := cb.TryProbe(ctx, key, "p", 0, time.Second); return err }},
+		{"Circuits.TryProbe", 1, func(key string) error {
+			r, _, err := cb.TryProbe(ctx, key, "p", 0, time.Second)
+			gen = r.Generation()
+			return err
+		}},
+		// The gobreaker-style operations (issue 13): each is one
+		// statement, whatever it decides.
+		{"Circuits.TryProbes (a second of 2 slots)", 1, func(key string) error {
+			_, ok, err := cb.TryProbes(ctx, key, "p2", 0, time.Second, 2)
+			if err == nil && !ok {
+				t.Errorf("%s: the second of 2 probe slots refused", key)
+			}
+			return err
+		}},
+		{"Circuits.RecordOutcome (older generation: ignored)", 1, func(key string) error {
+			r, err := cb.RecordOutcome(ctx, key, driver.Outcome{Kind: driver.OutcomeFailure, Gen: gen - 1, Threshold: 1})
+			if err == nil && r.State != driver.HalfOpen {
+				t.Errorf("%s: an outcome of an older generation left the circuit %s", key, r.State)
+			}
+			return err
+		}},
+		{"Circuits.RecordOutcome (success, generation matches, closing)", 1, func(key string) error {
+			r, err := cb.RecordOutcome(ctx, key, driver.Outcome{Kind: driver.OutcomeSuccess, Gen: gen, CloseAfter: 1})
+			if err == nil && r.State != driver.Closed {
+				t.Errorf("%s: a probe's success left the circuit %s", key, r.State)
+			}
+			return err
+		}},
+		{"Circuits.RecordOutcome (failure counted, threshold 0)", 1, func(key string) error {
+			r, err := cb.RecordOutcome(ctx, key, driver.Outcome{Kind: driver.OutcomeFailure, Successes: 2, Interval: time.Hour})
+			version = r.Version
+			return err
+		}},
+		{"Circuits.Trip (at the version counted)", 1, func(key string) error {
+			_, ok, err := cb.Trip(ctx, key, version)
+			if err == nil && !ok {
+				t.Errorf("%s: Trip at the current version refused", key)
+			}
+			return err
+		}},
+		{"Circuits.Trip (stale version)", 1, func(key string) error {
+			_, ok, err := cb.Trip(ctx, key, version)
+			if err == nil && ok {
+				t.Errorf("%s: Trip at a stale version applied", key)
+			}
+			return err
+		}},
 		{"Cache.Set", 1, func(key string) error { return ca.Set(ctx, key, []byte("v"), time.Minute) }},
 		{"Cache.SetIfAbsent", 1, func(key string) error {
 			ok, err := ca.SetIfAbsent(ctx, key, []byte("w"), time.Minute)

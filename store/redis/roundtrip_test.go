@@ -81,7 +81,7 @@ func TestRoundTrips(t *testing.T) {
 			ctx := t.Context()
 			tag := time.Now().Format("150405.000000")
 			key := "k" + tag
-			var token int64
+			var token, version, gen int64
 			ops := []struct {
 				name string
 				f    func() error
@@ -94,6 +94,27 @@ func TestRoundTrips(t *testing.T) {
 				{"refresh", func() error { _, _, err := st.Locks().Refresh(ctx, key, "a", token, time.Minute); return err }},
 				{"release", func() error { _, err := st.Locks().Release(ctx, key, "a", token); return err }},
 				{"recordFailure", func() error { _, err := st.Circuits().RecordFailure(ctx, key, 5); return err }},
+				// The gobreaker-style operations: one script each, whatever
+				// it decides.
+				{"recordOutcome (counted, threshold 0)", func() error {
+					rec, err := st.Circuits().RecordOutcome(ctx, key, driver.Outcome{Kind: driver.OutcomeFailure, Successes: 1, Interval: time.Hour})
+					version = rec.Version
+					return err
+				}},
+				{"trip", func() error { _, _, err := st.Circuits().Trip(ctx, key, version); return err }},
+				{"tryProbes (2 slots)", func() error {
+					rec, _, err := st.Circuits().TryProbes(ctx, key, "p", 0, time.Minute, 2)
+					gen = rec.Generation()
+					return err
+				}},
+				{"recordOutcome (older generation)", func() error {
+					_, err := st.Circuits().RecordOutcome(ctx, key, driver.Outcome{Kind: driver.OutcomeSuccess, Gen: gen - 1})
+					return err
+				}},
+				{"recordOutcome (generation matches)", func() error {
+					_, err := st.Circuits().RecordOutcome(ctx, key, driver.Outcome{Kind: driver.OutcomeSuccess, Gen: gen, CloseAfter: 2})
+					return err
+				}},
 				{"cache set", func() error { return st.Cache().Set(ctx, key, []byte("v"), time.Minute) }},
 				{"cache get", func() error { _, _, err := st.Cache().Get(ctx, key); return err }},
 				{"claim", func() error { _, _, err := st.Idempotency().Claim(ctx, key, "a", time.Minute, ""); return err }},
