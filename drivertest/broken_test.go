@@ -22,6 +22,7 @@ import (
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
 	"github.com/warden-go/warden/drivertest"
+	"github.com/warden-go/warden/internal/rpcstore"
 	"github.com/warden-go/warden/store/memory"
 )
 
@@ -351,7 +352,7 @@ func runDouble(t *testing.T, name string) {
 	}
 	d := doubles[i]
 	db := "double-" + name
-	srv := serveRPC(t, func(prefix string) driver.Store { return newBroken(d, db, prefix) })
+	srv := rpcstore.Serve(t, func(prefix string) driver.Store { return newBroken(d, db, prefix) })
 	t.Run(name, func(t *testing.T) {
 		drivertest.Run(t, drivertest.Harness{
 			Name: name,

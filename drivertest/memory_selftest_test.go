@@ -8,6 +8,7 @@ import (
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
 	"github.com/warden-go/warden/drivertest"
+	"github.com/warden-go/warden/internal/rpcstore"
 	"github.com/warden-go/warden/store/memory"
 )
 
@@ -18,10 +19,10 @@ func TestMain(m *testing.M) { drivertest.Main(m) }
 // TestMemory runs the whole suite against the reference store. Stores
 // are opened by URL (memory://NAME?prefix=…) on one named database; the
 // children of the multi-process checks reach that database through the
-// RPC bridge of rpc_test.go.
+// RPC bridge of internal/rpcstore.
 func TestMemory(t *testing.T) {
 	const db = "drivertest-selftest"
-	srv := serveRPC(t, func(prefix string) driver.Store {
+	srv := rpcstore.Serve(t, func(prefix string) driver.Store {
 		return memory.NewDriver(&memory.Options{Name: db, Prefix: prefix})
 	})
 	drivertest.Run(t, drivertest.Harness{

@@ -1,11 +1,12 @@
-package drivertest_test
-
-// A memory database is private to its process, so the multi-process checks
-// cannot open it from a child. This file serves a process's driver stores
-// over HTTP and registers the URL scheme "drivertest-rpc" whose stores
-// forward every driver call there: the children then share the parent's
-// database the way services share a server. Every driver method is still
-// one atomic operation on the serving side.
+// Package rpcstore serves a process's driver stores over HTTP and
+// registers the URL scheme "drivertest-rpc", whose stores forward every
+// driver call there. A memory database is private to its process; through
+// this bridge the child processes of multi-process tests (drivertest's,
+// scope's) share the parent's database the way services share a server.
+// Every driver method is still one atomic operation on the serving side.
+//
+// It is imported only from _test.go files.
+package rpcstore
 
 import (
 	"bytes"
@@ -26,10 +27,11 @@ import (
 	"github.com/warden-go/warden/driver"
 )
 
-const rpcScheme = "drivertest-rpc"
+// Scheme is the URL scheme of the bridge's stores.
+const Scheme = "drivertest-rpc"
 
 func init() {
-	warden.Register(rpcScheme, openRPC)
+	warden.Register(Scheme, openRPC)
 }
 
 // rpcRequest is one driver call.
@@ -45,8 +47,8 @@ type rpcResponse struct {
 	Err     string
 }
 
-// rpcServer serves driver stores, one per prefix, made by open.
-type rpcServer struct {
+// Server serves driver stores, one per prefix, made by open.
+type Server struct {
 	srv  *httptest.Server
 	open func(prefix string) driver.Store
 
@@ -54,9 +56,10 @@ type rpcServer struct {
 	stores map[string]driver.Store
 }
 
-// serveRPC starts a server for t; it stops when t ends.
-func serveRPC(t testing.TB, open func(prefix string) driver.Store) *rpcServer {
-	s := &rpcServer{open: open, stores: map[string]driver.Store{}}
+// Serve starts a server for t whose stores open makes, one per prefix; it
+// stops, closing them, when t ends.
+func Serve(t testing.TB, open func(prefix string) driver.Store) *Server {
+	s := &Server{open: open, stores: map[string]driver.Store{}}
 	s.srv = httptest.NewServer(http.HandlerFunc(s.handle))
 	t.Cleanup(func() {
 		s.srv.Close()
@@ -70,12 +73,12 @@ func serveRPC(t testing.TB, open func(prefix string) driver.Store) *rpcServer {
 }
 
 // URL returns the URL that opens the served database in namespace prefix.
-func (s *rpcServer) URL(prefix string) string {
+func (s *Server) URL(prefix string) string {
 	u, _ := url.Parse(s.srv.URL)
-	return rpcScheme + "://" + u.Host + "/?prefix=" + url.QueryEscape(prefix)
+	return Scheme + "://" + u.Host + "/?prefix=" + url.QueryEscape(prefix)
 }
 
-func (s *rpcServer) store(prefix string) driver.Store {
+func (s *Server) store(prefix string) driver.Store {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := s.stores[prefix]
@@ -92,7 +95,7 @@ var (
 	patternType = reflect.TypeFor[driver.Pattern]()
 )
 
-func (s *rpcServer) handle(w http.ResponseWriter, r *http.Request) {
+func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
 	var req rpcRequest
 	var resp rpcResponse
 	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
@@ -106,7 +109,7 @@ func (s *rpcServer) handle(w http.ResponseWriter, r *http.Request) {
 
 // call dispatches one request by reflection: "Cap.Method" calls Method on
 // the store's Cap() capability ("Store.Method" on the store itself).
-func (s *rpcServer) call(ctx context.Context, req rpcRequest, resp *rpcResponse) error {
+func (s *Server) call(ctx context.Context, req rpcRequest, resp *rpcResponse) error {
 	capName, method, ok := cutDot(req.Method)
 	if !ok {
 		return fmt.Errorf("bad method %q", req.Method)
