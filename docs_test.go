@@ -23,11 +23,18 @@ type signature struct {
 	variadic bool
 }
 
-// packageFuncs returns the exported functions of the documented packages,
-// by qualified name ("checkpoint.Run", "warden.Open").
-func packageFuncs(t *testing.T) map[string]signature {
+// sourceFile is a non-test Go file of a documented package, parsed.
+type sourceFile struct {
+	path string
+	src  []byte
+	f    *ast.File
+}
+
+// packageSources returns the non-test Go files of the documented
+// packages, parsed.
+func packageSources(t *testing.T) []sourceFile {
 	t.Helper()
-	funcs := map[string]signature{}
+	var out []sourceFile
 	for _, dir := range documentedPackages {
 		files, err := filepath.Glob(filepath.Join(dir, "*.go"))
 		if err != nil {
@@ -37,31 +44,47 @@ func packageFuncs(t *testing.T) map[string]signature {
 			if strings.HasSuffix(path, "_test.go") {
 				continue
 			}
-			f, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
+			src, err := os.ReadFile(path)
 			if err != nil {
 				t.Fatal(err)
 			}
-			for _, d := range f.Decls {
-				fd, ok := d.(*ast.FuncDecl)
-				if !ok || fd.Recv != nil || !fd.Name.IsExported() {
-					continue
-				}
-				var sig signature
-				for _, p := range fd.Type.Params.List {
-					for range max(len(p.Names), 1) {
-						sig.params = append(sig.params, p.Type)
-					}
-					if _, ok := p.Type.(*ast.Ellipsis); ok {
-						sig.variadic = true
-					}
-				}
-				if fd.Type.Results != nil {
-					for _, r := range fd.Type.Results.List {
-						sig.results += max(len(r.Names), 1)
-					}
-				}
-				funcs[f.Name.Name+"."+fd.Name.Name] = sig
+			f, err := parser.ParseFile(token.NewFileSet(), path, src, 0)
+			if err != nil {
+				t.Fatal(err)
 			}
+			out = append(out, sourceFile{path, src, f})
+		}
+	}
+	return out
+}
+
+// packageFuncs returns the exported functions of the documented packages,
+// by qualified name ("checkpoint.Run", "warden.Open").
+func packageFuncs(t *testing.T) map[string]signature {
+	t.Helper()
+	funcs := map[string]signature{}
+	for _, sf := range packageSources(t) {
+		f := sf.f
+		for _, d := range f.Decls {
+			fd, ok := d.(*ast.FuncDecl)
+			if !ok || fd.Recv != nil || !fd.Name.IsExported() {
+				continue
+			}
+			var sig signature
+			for _, p := range fd.Type.Params.List {
+				for range max(len(p.Names), 1) {
+					sig.params = append(sig.params, p.Type)
+				}
+				if _, ok := p.Type.(*ast.Ellipsis); ok {
+					sig.variadic = true
+				}
+			}
+			if fd.Type.Results != nil {
+				for _, r := range fd.Type.Results.List {
+					sig.results += max(len(r.Names), 1)
+				}
+			}
+			funcs[f.Name.Name+"."+fd.Name.Name] = sig
 		}
 	}
 	return funcs
@@ -80,36 +103,27 @@ type snippet struct {
 func docSnippets(t *testing.T) []snippet {
 	t.Helper()
 	var out []snippet
-	for _, dir := range documentedPackages {
-		files, _ := filepath.Glob(filepath.Join(dir, "*.go"))
-		for _, path := range files {
-			if strings.HasSuffix(path, "_test.go") {
+	for _, sf := range packageSources(t) {
+		path, b := sf.path, sf.src
+		var block []string
+		start := 0
+		flush := func() {
+			if len(block) > 0 {
+				out = append(out, snippet{where: path + ":" + strconv.Itoa(start), code: strings.Join(block, "\n")})
+			}
+			block = nil
+		}
+		for i, line := range strings.Split(string(b), "\n") {
+			if code, ok := strings.CutPrefix(line, "//\t"); ok {
+				if block == nil {
+					start = i + 1
+				}
+				block = append(block, code)
 				continue
-			}
-			b, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var block []string
-			start := 0
-			flush := func() {
-				if len(block) > 0 {
-					out = append(out, snippet{where: path + ":" + strconv.Itoa(start), code: strings.Join(block, "\n")})
-				}
-				block = nil
-			}
-			for i, line := range strings.Split(string(b), "\n") {
-				if code, ok := strings.CutPrefix(line, "//\t"); ok {
-					if block == nil {
-						start = i + 1
-					}
-					block = append(block, code)
-					continue
-				}
-				flush()
 			}
 			flush()
 		}
+		flush()
 	}
 	mds, _ := filepath.Glob(filepath.Join("docs", "*.md"))
 	mds = append(mds, "README.md")

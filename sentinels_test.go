@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"go/ast"
-	"go/parser"
 	"go/token"
-	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
@@ -72,29 +70,20 @@ var distinctMeanings = map[string]string{
 // TestSentinelTableIsComplete: the table above lists every exported
 // error variable of the packages, so that the checks below see them all.
 func TestSentinelTableIsComplete(t *testing.T) {
-	for _, dir := range documentedPackages {
-		files, _ := filepath.Glob(filepath.Join(dir, "*.go"))
-		for _, path := range files {
-			if strings.HasSuffix(path, "_test.go") {
+	for _, sf := range packageSources(t) {
+		path, f := sf.path, sf.f
+		for _, d := range f.Decls {
+			gd, ok := d.(*ast.GenDecl)
+			if !ok || gd.Tok != token.VAR {
 				continue
 			}
-			f, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, d := range f.Decls {
-				gd, ok := d.(*ast.GenDecl)
-				if !ok || gd.Tok != token.VAR {
-					continue
-				}
-				for _, spec := range gd.Specs {
-					for _, n := range spec.(*ast.ValueSpec).Names {
-						if !n.IsExported() || !strings.HasPrefix(n.Name, "Err") {
-							continue
-						}
-						if _, ok := sentinels[f.Name.Name+"."+n.Name]; !ok {
-							t.Errorf("%s.%s (%s) is not in the sentinel table", f.Name.Name, n.Name, path)
-						}
+			for _, spec := range gd.Specs {
+				for _, n := range spec.(*ast.ValueSpec).Names {
+					if !n.IsExported() || !strings.HasPrefix(n.Name, "Err") {
+						continue
+					}
+					if _, ok := sentinels[f.Name.Name+"."+n.Name]; !ok {
+						t.Errorf("%s.%s (%s) is not in the sentinel table", f.Name.Name, n.Name, path)
 					}
 				}
 			}

@@ -182,12 +182,15 @@ func TestNilArgumentsValidatedAlike(t *testing.T) {
 	defer c.Close()
 	task := func(context.Context, *checkpoint.Cursor[int]) error { return nil }
 	for name, call := range map[string]func() error{
-		"lock.New(nil store)":         func() error { _, err := lock.New(nil, nil); return err },
-		"lock.Do(nil Locker)":         func() error { return lock.Do(ctx, nil, "k", func(context.Context) error { return nil }) },
-		"lock.Do(nil fn)":             func() error { return lock.Do(ctx, l, "k", nil) },
-		"breaker.New(nil store)":      func() error { _, err := breaker.New(nil, "c", nil); return err },
-		"Breaker.Do(nil fn)":          func() error { return b.Do(ctx, nil) },
-		"breaker.Call(nil Breaker)":   func() error { _, err := breaker.Call(ctx, nil, func(context.Context) (int, error) { return 0, nil }); return err },
+		"lock.New(nil store)":    func() error { _, err := lock.New(nil, nil); return err },
+		"lock.Do(nil Locker)":    func() error { return lock.Do(ctx, nil, "k", func(context.Context) error { return nil }) },
+		"lock.Do(nil fn)":        func() error { return lock.Do(ctx, l, "k", nil) },
+		"breaker.New(nil store)": func() error { _, err := breaker.New(nil, "c", nil); return err },
+		"Breaker.Do(nil fn)":     func() error { return b.Do(ctx, nil) },
+		"breaker.Call(nil Breaker)": func() error {
+			_, err := breaker.Call(ctx, nil, func(context.Context) (int, error) { return 0, nil })
+			return err
+		},
 		"breaker.Call(nil fn)":        func() error { _, err := breaker.Call[int](ctx, b, nil); return err },
 		"cache.New(nil store)":        func() error { _, err := cache.New[int](nil, nil); return err },
 		"Cache.GetOrLoad(nil loader)": func() error { _, err := c.GetOrLoad(ctx, "k", nil); return err },

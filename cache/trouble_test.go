@@ -3,99 +3,25 @@ package cache_test
 import (
 	"context"
 	"errors"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/cache"
-	"github.com/warden-go/warden/driver"
+	"github.com/warden-go/warden/internal/hangstore"
 	"github.com/warden-go/warden/internal/testkit"
 )
 
-// hungStore wraps the memory driver: its cache and lock operations named
-// in ops ("get", "set", "acquire") do not answer — they block until their
-// ctx ends or release is closed (the store answers again), then go on to
-// the real store.
-type hungStore struct {
-	driver.Store
-	ops     map[string]bool
-	release chan struct{}
-
-	mu        sync.Mutex
-	deadlines map[string][]time.Time // of the blocked operations' contexts
-}
-
-func newHungStore(db string, ops ...string) *hungStore {
-	h := &hungStore{Store: testkit.MemoryDriver(db), ops: map[string]bool{}, release: make(chan struct{}), deadlines: map[string][]time.Time{}}
-	for _, op := range ops {
-		h.ops[op] = true
-	}
-	return h
-}
-
-func (h *hungStore) block(ctx context.Context, op string) error {
-	if !h.ops[op] {
-		return nil
-	}
-	dl, _ := ctx.Deadline()
-	h.mu.Lock()
-	h.deadlines[op] = append(h.deadlines[op], dl)
-	h.mu.Unlock()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-h.release:
-		return nil
-	}
-}
-
-// checkDeadlines fails the test unless every blocked operation op ran on
-// a context whose deadline came before the caller's.
-func (h *hungStore) checkDeadlines(t *testing.T, op string, caller time.Time) {
+// checkDeadlines fails the test unless every hung call of op ran on a
+// context whose deadline came before the caller's.
+func checkDeadlines(t *testing.T, h *hangstore.Store, op string, caller time.Time) {
 	t.Helper()
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for i, dl := range h.deadlines[op] {
+	for i, dl := range h.Deadlines(op) {
 		if dl.IsZero() || !dl.Before(caller) {
 			t.Errorf("%s %d ran with deadline %v, not before the caller's %v: a hung store holds the caller to its deadline", op, i, dl, caller)
 		}
 	}
-}
-
-func (h *hungStore) Cache() driver.Cache { return hungCache{h.Store.Cache(), h} }
-func (h *hungStore) Locks() driver.Locks { return hungLocks{h.Store.Locks(), h} }
-
-type hungCache struct {
-	driver.Cache
-	h *hungStore
-}
-
-func (c hungCache) Get(ctx context.Context, key string) (driver.CacheEntry, bool, error) {
-	if err := c.h.block(ctx, "get"); err != nil {
-		return driver.CacheEntry{}, false, err
-	}
-	return c.Cache.Get(ctx, key)
-}
-
-func (c hungCache) Set(ctx context.Context, key string, v []byte, ttl time.Duration) error {
-	if err := c.h.block(ctx, "set"); err != nil {
-		return err
-	}
-	return c.Cache.Set(ctx, key, v, ttl)
-}
-
-type hungLocks struct {
-	driver.Locks
-	h *hungStore
-}
-
-func (l hungLocks) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (driver.LockRecord, bool, error) {
-	if err := l.h.block(ctx, "acquire"); err != nil {
-		return driver.LockRecord{}, false, err
-	}
-	return l.Locks.Acquire(ctx, key, owner, ttl)
 }
 
 // With default options and a store that stops answering, a caller with a
@@ -107,11 +33,11 @@ func (l hungLocks) Acquire(ctx context.Context, key, owner string, ttl time.Dura
 // deadline's error.
 func TestGetOrLoadHungStoreWithinCallerDeadline(t *testing.T) {
 	db := testkit.DBName(t)
-	h := newHungStore(db, "get", "set", "acquire")
+	h := hangstore.New(testkit.MemoryDriver(db), hangstore.CacheGet, hangstore.CacheSet, hangstore.LockAcquire)
 	st := testkit.Open(t, h, quiet)
 	c := newCache[string](t, st, nil)
 	strict := newCache[string](t, st, &cache.Options{FailOnStoreError: true})
-	defer close(h.release) // before the caches' Close, which waits for the write-back
+	defer close(h.Release) // before the caches' Close, which waits for the write-back
 
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
@@ -121,8 +47,8 @@ func TestGetOrLoadHungStoreWithinCallerDeadline(t *testing.T) {
 		loads.Add(1)
 		return "fresh", ctx.Err()
 	})
-	h.checkDeadlines(t, "get", deadline)
-	h.checkDeadlines(t, "acquire", deadline)
+	checkDeadlines(t, h, hangstore.CacheGet, deadline)
+	checkDeadlines(t, h, hangstore.LockAcquire, deadline)
 	if err != nil || v != "fresh" || loads.Load() != 1 {
 		t.Fatalf("GetOrLoad on a hung store = %q, %v after %d loads; want the loaded value", v, err, loads.Load())
 	}
@@ -143,7 +69,7 @@ func TestGetOrLoadHungStoreWithinCallerDeadline(t *testing.T) {
 // lands in the store once it answers.
 func TestGetOrLoadHungWriteBackDoesNotHoldTheCaller(t *testing.T) {
 	db := testkit.DBName(t)
-	h := newHungStore(db, "set")
+	h := hangstore.New(testkit.MemoryDriver(db), hangstore.CacheSet)
 	st := testkit.Open(t, h, quiet)
 	c, err := cache.New[string](st, nil)
 	if err != nil {
@@ -153,11 +79,11 @@ func TestGetOrLoadHungWriteBackDoesNotHoldTheCaller(t *testing.T) {
 	defer cancel()
 	v, err := c.GetOrLoad(ctx, "k", func(context.Context) (string, error) { return "fresh", nil })
 	if err != nil || v != "fresh" {
-		close(h.release)
+		close(h.Release)
 		_ = c.Close()
 		t.Fatalf("GetOrLoad with a hung write = %q, %v; want the loaded value", v, err)
 	}
-	close(h.release) // the store answers: the write-back lands
+	close(h.Release) // the store answers: the write-back lands
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -4,73 +4,13 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/cache"
-	"github.com/warden-go/warden/driver"
+	"github.com/warden-go/warden/internal/hangstore"
 )
-
-// cacheHungDriver wraps the store under test: its cache reads and writes
-// and its lock acquisitions do not answer — they block until their ctx
-// ends or release is closed (the store answers again), then go on to the
-// real store.
-type cacheHungDriver struct {
-	driver.Store
-	release chan struct{}
-
-	mu        sync.Mutex
-	deadlines map[string][]time.Time // of the blocked operations' contexts, by operation
-}
-
-func (h *cacheHungDriver) block(ctx context.Context, op string) error {
-	dl, _ := ctx.Deadline()
-	h.mu.Lock()
-	h.deadlines[op] = append(h.deadlines[op], dl)
-	h.mu.Unlock()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-h.release:
-		return nil
-	}
-}
-
-func (h *cacheHungDriver) Cache() driver.Cache { return cacheHungCache{h.Store.Cache(), h} }
-func (h *cacheHungDriver) Locks() driver.Locks { return cacheHungLocks{h.Store.Locks(), h} }
-
-type cacheHungCache struct {
-	driver.Cache
-	h *cacheHungDriver
-}
-
-func (c cacheHungCache) Get(ctx context.Context, key string) (driver.CacheEntry, bool, error) {
-	if err := c.h.block(ctx, "cache get"); err != nil {
-		return driver.CacheEntry{}, false, err
-	}
-	return c.Cache.Get(ctx, key)
-}
-
-func (c cacheHungCache) Set(ctx context.Context, key string, v []byte, ttl time.Duration) error {
-	if err := c.h.block(ctx, "cache set"); err != nil {
-		return err
-	}
-	return c.Cache.Set(ctx, key, v, ttl)
-}
-
-type cacheHungLocks struct {
-	driver.Locks
-	h *cacheHungDriver
-}
-
-func (l cacheHungLocks) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (driver.LockRecord, bool, error) {
-	if err := l.h.block(ctx, "lock acquire"); err != nil {
-		return driver.LockRecord{}, false, err
-	}
-	return l.Locks.Acquire(ctx, key, owner, ttl)
-}
 
 // portableCacheHungStore: with default options and a store that stops
 // answering, GetOrLoad with a deadline serves the loaded value: the store
@@ -81,7 +21,7 @@ func (l cacheHungLocks) Acquire(ctx context.Context, key, owner string, ttl time
 // operation's deadline.)
 func (s *suite) portableCacheHungStore(t *testing.T) {
 	st, _ := s.open(t)
-	h := &cacheHungDriver{Store: unclosed(st.Driver()), release: make(chan struct{}), deadlines: map[string][]time.Time{}}
+	h := hangstore.New(unclosed(st.Driver()), hangstore.CacheGet, hangstore.CacheSet, hangstore.LockAcquire)
 	hs := warden.New(h, &warden.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	t.Cleanup(func() { _ = hs.Close() })
 	c, err := cache.New[string](hs, nil)
@@ -89,7 +29,7 @@ func (s *suite) portableCacheHungStore(t *testing.T) {
 	released := false
 	defer func() {
 		if !released {
-			close(h.release)
+			close(h.Release)
 		}
 		_ = c.Close()
 	}()
@@ -102,22 +42,20 @@ func (s *suite) portableCacheHungStore(t *testing.T) {
 		loads++
 		return "loaded", nil
 	})
-	h.mu.Lock()
-	for _, op := range []string{"cache get", "lock acquire"} {
-		for i, dl := range h.deadlines[op] {
+	for _, op := range []string{hangstore.CacheGet, hangstore.LockAcquire} {
+		for i, dl := range h.Deadlines(op) {
 			if dl.IsZero() || !dl.Before(deadline) {
 				t.Errorf("%s %d ran with deadline %v, not before the caller's %v", op, i, dl, deadline)
 			}
 		}
 	}
-	h.mu.Unlock()
 	if err != nil || v != "loaded" || loads != 1 {
 		t.Fatalf("GetOrLoad on a hung store = %q, %v after %d loads; want the loaded value", v, err, loads)
 	}
 	if st := c.Stats(); st.StoreFallbacks != 1 {
 		t.Errorf("stats %+v: want 1 store fallback", st)
 	}
-	close(h.release) // the store answers: the write-back lands
+	close(h.Release) // the store answers: the write-back lands
 	released = true
 	fatalIf(t, "Close", c.Close())
 	got, err := cache.New[string](st, nil)

@@ -786,6 +786,46 @@ func (h *hungDriver) block(ctx context.Context, op string) error {
 	}
 }
 
+// checkDeadlines fails the check unless every blocked operation ran on a
+// context whose deadline came before the caller's.
+func (h *hungDriver) checkDeadlines(t *testing.T, caller time.Time) {
+	t.Helper()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.deadlines) == 0 {
+		t.Error("the breaker made no store operation")
+	}
+	for i, dl := range h.deadlines {
+		if dl.IsZero() || !dl.Before(caller) {
+			t.Errorf("store operation %d ran with deadline %v, not before the caller's %v", i, dl, caller)
+		}
+	}
+}
+
+// wantHungPolicy checks a call a Breaker made on a hung store: it did not
+// fail with the caller's own deadline, the store's timeout was counted,
+// and the call followed the policy — fn ran from a live ctx and returned
+// 42 (fail-open), or the call was rejected for the store's timeout
+// without running fn (fail-closed).
+func wantHungPolicy(t *testing.T, b *breaker.Breaker, failClosed bool, v int, err error, ran bool, fnCtxErr error) {
+	t.Helper()
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		t.Fatalf("Do failed with the caller's own deadline: %v (ran=%v)", err, ran)
+	}
+	if st := b.Stats(); !errors.Is(st.LastStoreError, breaker.ErrStoreTimeout) {
+		t.Fatalf("the hung store's timeout is not counted: %+v", st)
+	}
+	if failClosed {
+		if !errors.Is(err, breaker.ErrOpen) || !errors.Is(err, breaker.ErrStoreTimeout) || ran {
+			t.Fatalf("fail-closed: err=%v ran=%v, want a rejection for the store's timeout", err, ran)
+		}
+		return
+	}
+	if err != nil || v != 42 || !ran || fnCtxErr != nil {
+		t.Fatalf("fail-open: v=%d err=%v ran=%v fn's ctx=%v, want fn's result from a live ctx", v, err, ran, fnCtxErr)
+	}
+}
+
 type hungCircuits struct {
 	driver.Circuits
 	h *hungDriver
@@ -868,28 +908,11 @@ func (s *suite) breakerHungStore(t *testing.T) {
 				ran, fnCtxErr = true, ctx.Err()
 				return 42, nil
 			})
-			h.mu.Lock()
-			for i, dl := range h.deadlines {
-				if dl.IsZero() || !dl.Before(deadline) {
-					t.Errorf("store operation %d ran with deadline %v, not before the caller's %v", i, dl, deadline)
-				}
-			}
-			h.mu.Unlock()
-			if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
-				t.Fatalf("Do failed with the caller's own deadline: %v (ran=%v)", err, ran)
-			}
-			if st := b.Stats(); !st.StoreDown || !errors.Is(st.LastStoreError, breaker.ErrStoreTimeout) {
+			h.checkDeadlines(t, deadline)
+			if st := b.Stats(); !st.StoreDown {
 				t.Fatalf("the hung store is not reported down: %+v", st)
 			}
-			if failClosed {
-				if !errors.Is(err, breaker.ErrOpen) || !errors.Is(err, breaker.ErrStoreTimeout) || ran {
-					t.Fatalf("fail-closed: err=%v ran=%v, want a rejection for the store's timeout", err, ran)
-				}
-				return
-			}
-			if err != nil || v != 42 || !ran || fnCtxErr != nil {
-				t.Fatalf("fail-open: v=%d err=%v ran=%v fn's ctx=%v, want fn's result from a live ctx", v, err, ran, fnCtxErr)
-			}
+			wantHungPolicy(t, b, failClosed, v, err, ran, fnCtxErr)
 		})
 	}
 }
@@ -925,31 +948,8 @@ func (s *suite) breakerHungProbe(t *testing.T) {
 				ran, fnCtxErr = true, ctx.Err()
 				return 42, nil
 			})
-			h.mu.Lock()
-			if len(h.deadlines) == 0 {
-				t.Error("the breaker made no probe request")
-			}
-			for i, dl := range h.deadlines {
-				if dl.IsZero() || !dl.Before(deadline) {
-					t.Errorf("probe request %d ran with deadline %v, not before the caller's %v", i, dl, deadline)
-				}
-			}
-			h.mu.Unlock()
-			if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
-				t.Fatalf("Do failed with the caller's own deadline: %v (ran=%v)", err, ran)
-			}
-			if st := b.Stats(); !errors.Is(st.LastStoreError, breaker.ErrStoreTimeout) {
-				t.Fatalf("the hung probe request is not counted as a store timeout: %+v", st)
-			}
-			if failClosed {
-				if !errors.Is(err, breaker.ErrOpen) || !errors.Is(err, breaker.ErrStoreTimeout) || ran {
-					t.Fatalf("fail-closed: err=%v ran=%v, want a rejection for the store's timeout", err, ran)
-				}
-				return
-			}
-			if err != nil || v != 42 || !ran || fnCtxErr != nil {
-				t.Fatalf("fail-open: v=%d err=%v ran=%v fn's ctx=%v, want fn run as a local probe from a live ctx", v, err, ran, fnCtxErr)
-			}
+			h.checkDeadlines(t, deadline)
+			wantHungPolicy(t, b, failClosed, v, err, ran, fnCtxErr)
 		})
 	}
 }
