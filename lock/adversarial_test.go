@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/warden-go/warden/driver"
+	"github.com/warden-go/warden/internal/deadline"
 	"github.com/warden-go/warden/internal/testkit"
 )
 
@@ -176,7 +177,7 @@ func TestAdversarialReadBackCreditsAnOlderRefresh(t *testing.T) {
 // checking the lease context's Err between chunks of work.
 func TestAdversarialErrExactUnderCPULoad(t *testing.T) {
 	const ttl = 20 * time.Millisecond
-	l := openEnv(t, testkit.DBName(t), nil).locker(t, &Options{TTL: ttl, DisableAutoRefresh: true})
+	l := openEnv(t, testkit.DBName(t), nil).shortLocker(t, &Options{TTL: ttl, DisableAutoRefresh: true})
 	ctx := context.Background()
 	const rounds = 20
 	var late []time.Duration
@@ -430,7 +431,7 @@ func chaosExclusion(t *testing.T, nLockers, perLocker int) {
 			c.Locks = d.Locks()
 			return &advStore{Store: d, locks: c}
 		})
-		lockers = append(lockers, e.locker(t, &Options{TTL: ttl, Owner: "same", RetryMin: time.Millisecond, RetryMax: 5 * time.Millisecond}))
+		lockers = append(lockers, e.shortLocker(t, &Options{TTL: ttl, Owner: "same", RetryMin: time.Millisecond, RetryMax: 5 * time.Millisecond}))
 		_ = i
 	}
 	for _, c := range chaos {
@@ -660,7 +661,7 @@ func TestAdversarialLateRefreshNeverRevives(t *testing.T) {
 		l := openEnv(t, testkit.DBName(t), func(d driver.Store) driver.Store {
 			f.Locks = d.Locks()
 			return &advStore{Store: d, locks: f}
-		}).locker(t, &Options{TTL: ttl, DisableAutoRefresh: true})
+		}).shortLocker(t, &Options{TTL: ttl, DisableAutoRefresh: true})
 		ctx := context.Background()
 		s, err := l.TryAcquire(ctx, "k")
 		if err != nil {
@@ -692,7 +693,7 @@ func TestAdversarialCloseDuringRefresh(t *testing.T) {
 	const ttl = 30 * time.Millisecond
 	f := &timedLocks{}
 	e := openEnv(t, testkit.DBName(t), wrapTimed(f))
-	l, err := New(e.st, &Options{TTL: ttl, RefreshInterval: 2 * time.Millisecond})
+	l, err := newLocker(e.st, &Options{TTL: ttl, RefreshInterval: 2 * time.Millisecond}, deadline.MinTTL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -831,7 +832,7 @@ func TestAdversarialHungRefreshStillEndsAtDeadline(t *testing.T) {
 	l := openEnv(t, testkit.DBName(t), func(d driver.Store) driver.Store {
 		f.Locks = d.Locks()
 		return &advStore{Store: d, locks: f}
-	}).locker(t, &Options{TTL: ttl})
+	}).shortLocker(t, &Options{TTL: ttl})
 	f.delay.Store(int64(300 * time.Millisecond)) // the refresh's answer comes 300 ms late
 	s, err := l.TryAcquire(context.Background(), "k")
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
+	"github.com/warden-go/warden/internal/deadline"
 	"github.com/warden-go/warden/internal/testkit"
 )
 
@@ -178,8 +179,8 @@ func TestNewRefusesUnsafeOptions(t *testing.T) {
 func TestShortTTLNeverOverlaps(t *testing.T) {
 	db := testkit.DBName(t)
 	f := &timedLocks{}
-	a := openEnv(t, db, wrapTimed(f)).locker(t, &Options{TTL: MinTTL, DisableAutoRefresh: true})
-	b := openEnv(t, db, nil).locker(t, &Options{TTL: MinTTL, DisableAutoRefresh: true})
+	a := openEnv(t, db, wrapTimed(f)).shortLocker(t, &Options{TTL: deadline.MinTTL, DisableAutoRefresh: true})
+	b := openEnv(t, db, nil).shortLocker(t, &Options{TTL: deadline.MinTTL, DisableAutoRefresh: true})
 	ctx := context.Background()
 	for i := range 200 {
 		key := fmt.Sprint("k", i)
@@ -187,7 +188,7 @@ func TestShortTTLNeverOverlaps(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		checkDeadline(t, f, s, MinTTL)
+		checkDeadline(t, f, s, deadline.MinTTL)
 		for {
 			s2, err := b.TryAcquire(ctx, key)
 			if errors.Is(err, ErrLocked) {
@@ -210,7 +211,7 @@ func TestShortTTLNeverOverlaps(t *testing.T) {
 // Item 14: Err and Context().Err() consult the clock: from the deadline
 // on they report the loss, whether or not a timer has fired.
 func TestErrConsultsTheClock(t *testing.T) {
-	l := openEnv(t, testkit.DBName(t), nil).locker(t, &Options{TTL: 50 * time.Millisecond, DisableAutoRefresh: true})
+	l := openEnv(t, testkit.DBName(t), nil).shortLocker(t, &Options{TTL: 50 * time.Millisecond, DisableAutoRefresh: true})
 	ctx := context.Background()
 	for i := range 20 {
 		s, err := l.TryAcquire(ctx, fmt.Sprint("k", i))
@@ -292,7 +293,7 @@ func TestAcquireNeverReturnsAnExpiredLease(t *testing.T) {
 func TestLossCancelsBeforeWakingOrLogging(t *testing.T) {
 	h := newBlockingHandler()
 	st := testkit.Open(t, testkit.MemoryDriver(testkit.DBName(t)), &warden.Options{Logger: slog.New(h)})
-	l, err := New(st, &Options{TTL: 50 * time.Millisecond, DisableAutoRefresh: true})
+	l, err := newLocker(st, &Options{TTL: 50 * time.Millisecond, DisableAutoRefresh: true}, deadline.MinTTL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -433,7 +434,7 @@ func TestDoContextEndsWithTheLease(t *testing.T) {
 		}
 	}
 	// And by the clock: fn's context reports the loss at the deadline.
-	l2 := e.locker(t, &Options{TTL: 30 * time.Millisecond, DisableAutoRefresh: true})
+	l2 := e.shortLocker(t, &Options{TTL: 30 * time.Millisecond, DisableAutoRefresh: true})
 	err := Do(ctx, l2, "clock", func(ctx context.Context) error {
 		s := LeaseFromContext(ctx)
 		for time.Now().Before(s.Deadline()) {

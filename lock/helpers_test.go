@@ -13,6 +13,7 @@ import (
 
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
+	"github.com/warden-go/warden/internal/deadline"
 	"github.com/warden-go/warden/internal/testkit"
 )
 
@@ -52,6 +53,19 @@ func (e *env) locker(t *testing.T, opts *Options) *Locker {
 	return l
 }
 
+// shortLocker makes a Locker that accepts TTLs down to deadline.MinTTL,
+// under MinTTL: the deadline rule's tests use leases that short, which
+// keep exclusion but are lost often. It is closed at the end of the test.
+func (e *env) shortLocker(t *testing.T, opts *Options) *Locker {
+	t.Helper()
+	l, err := newLocker(e.st, opts, deadline.MinTTL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	return l
+}
+
 // noNotify hides the memory driver's LockNotifier: only driver.Store's
 // methods are promoted from the embedded interface.
 type noNotify struct{ driver.Store }
@@ -73,12 +87,23 @@ type faultyLocks struct {
 	calls     atomic.Int64 // Refresh calls
 	oks       atomic.Int64 // successful (and reported) refreshes
 	lastOK    atomic.Int64 // UnixNano when the last successful refresh was sent
+	// wake, if set (capacity 1), is signalled after every Refresh call,
+	// for tests that wait for refreshes without sleeping.
+	wake chan struct{}
 }
 
 var errInjected = errors.New("injected refresh failure")
 
 func (f *faultyLocks) Refresh(ctx context.Context, key, owner string, token int64, ttl time.Duration) (driver.LockRecord, bool, error) {
 	f.calls.Add(1)
+	if f.wake != nil {
+		defer func() {
+			select {
+			case f.wake <- struct{}{}:
+			default:
+			}
+		}()
+	}
 	if f.fail.Load() {
 		return driver.LockRecord{}, false, errInjected
 	}

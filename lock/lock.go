@@ -88,9 +88,15 @@ const (
 	// millisecond) plus slack for the timer that closes a lease's Done
 	// channel.
 	MinClockSkew = deadline.MinMargin
-	// MinTTL is the shortest TTL a Locker accepts: twice MinClockSkew, so
-	// that the margin never takes more than half the lease.
-	MinTTL = deadline.MinTTL
+	// MinTTL is the shortest TTL a Locker accepts. A lease is proven for
+	// TTL − ClockSkew from each refresh's send time and refreshes itself
+	// a third of the way through that window, so each refresh has the
+	// other two thirds — about 63 ms at this TTL — for its timer to fire,
+	// its goroutine to run and the store to answer. Shorter TTLs would
+	// keep exclusion (the deadline rule needs only 2 × MinClockSkew) but
+	// not the lease: a loaded CPU's time slice, a garbage collection or
+	// one fsync on a busy disk outlasts a refresh's time at 10 ms.
+	MinTTL = 100 * time.Millisecond
 	// closeTimeout bounds the releases Close makes.
 	closeTimeout = 5 * time.Second
 	// minRefreshWorkers and maxRefreshWorkers bound the background
@@ -107,7 +113,7 @@ const (
 // millisecond and a TTL under MinTTL.
 type Options struct {
 	// TTL is how long a holding lasts in the store unless refreshed.
-	// 0: 30 seconds (DefaultTTL). At least MinTTL (10 ms).
+	// 0: 30 seconds (DefaultTTL). At least MinTTL (100 ms).
 	TTL time.Duration
 	// Owner is a label for this Locker's holdings that operators read in
 	// `warden lock ls`; "": hostname:pid. Every Locker adds a random
@@ -117,8 +123,10 @@ type Options struct {
 	Owner string
 	// RefreshInterval is how often a held lease renews itself in the
 	// background (less up to a tenth at random, to spread refreshes).
-	// 0: TTL/3. A value that leaves no time to refresh before the local
-	// deadline (≥ TTL − ClockSkew) is reduced to TTL/3.
+	// 0: (TTL − ClockSkew)/3, a third of the time a refresh proves the
+	// lease for, so that the next refresh has the other two thirds to be
+	// answered. A value that leaves no time to refresh before the local
+	// deadline (≥ TTL − ClockSkew) is reduced to that default.
 	RefreshInterval time.Duration
 	// RetryMin and RetryMax bound the jittered exponential back-off of a
 	// waiting Acquire between two attempts (and of the retries of a failed
@@ -222,6 +230,13 @@ const (
 // duration or one under a millisecond, or a TTL under MinTTL, and
 // warden.ErrInvalidKey for an Owner that cannot be stored.
 func New(st *warden.Store, opts *Options) (*Locker, error) {
+	return newLocker(st, opts, MinTTL)
+}
+
+// newLocker is New accepting TTLs down to minTTL. The package's tests of
+// the deadline rule use TTLs down to deadline.MinTTL, where the rule still
+// keeps exclusion and leases are lost often — what those tests are after.
+func newLocker(st *warden.Store, opts *Options, minTTL time.Duration) (*Locker, error) {
 	if opts == nil {
 		opts = &Options{}
 	}
@@ -233,8 +248,8 @@ func New(st *warden.Store, opts *Options) (*Locker, error) {
 		valid.D{Name: "RetryMax", V: opts.RetryMax}, valid.D{Name: "PollInterval", V: opts.PollInterval}); err != nil {
 		return nil, err
 	}
-	if opts.TTL != 0 && opts.TTL < MinTTL {
-		return nil, fmt.Errorf("lock: %w: TTL %v is under %v, too short to leave a safety margin", warden.ErrInvalidArgument, opts.TTL, MinTTL)
+	if opts.TTL != 0 && opts.TTL < minTTL {
+		return nil, fmt.Errorf("lock: %w: TTL %v is under the minimum of %v: so short a lease is lost to ordinary scheduling and store delays", warden.ErrInvalidArgument, opts.TTL, minTTL)
 	}
 	l := &Locker{
 		st:          st,
@@ -259,7 +274,10 @@ func New(st *warden.Store, opts *Options) (*Locker, error) {
 	}
 	l.skew = deadline.Margin(l.ttl, opts.ClockSkew)
 	if l.refresh == 0 || l.refresh >= l.ttl-l.skew {
-		l.refresh = l.ttl / 3
+		// A third of the window a refresh proves, not of the TTL: the
+		// margin can take up to half the TTL, and TTL/3 then left the
+		// refresh a sixth of the TTL to be answered in.
+		l.refresh = (l.ttl - l.skew) / 3
 	}
 	l.refresh = max(l.refresh, time.Millisecond)
 	if l.retryMin == 0 {

@@ -289,6 +289,64 @@ func TestLeaseLostWhenRefreshFails(t *testing.T) {
 	}
 }
 
+// TestRefreshDueAThirdIntoTheWindow: a lease's background refresh is due
+// a third (less its jitter of a tenth) of the way from the last send time
+// to the lease's deadline, whatever the margin, so that the refresh has
+// the other two thirds to be answered. Due at TTL/3, it had only a sixth
+// of the TTL where the margin takes half of it, and leases at the
+// minimum TTL were lost on a busy machine. Computed, not timed.
+func TestRefreshDueAThirdIntoTheWindow(t *testing.T) {
+	e := openEnv(t, testkit.DBName(t), nil)
+	ctx := context.Background()
+	for i, o := range []Options{
+		{TTL: MinTTL},
+		{TTL: MinTTL, ClockSkew: MinTTL / 2},
+		{TTL: time.Second, ClockSkew: 400 * time.Millisecond},
+		{},
+		{TTL: time.Second, RefreshInterval: time.Second}, // leaves no time: reduced
+	} {
+		l := e.locker(t, &o)
+		s, err := l.TryAcquire(ctx, fmt.Sprint("k", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		window := l.ttl - l.skew
+		s.mu.Lock() // the deadline and the next refresh move together
+		sent := s.ctx.When().Add(-window)
+		due := s.nextRefresh.Sub(sent)
+		s.mu.Unlock()
+		if third := window / 3; due > third || due < third-third/10-1 {
+			t.Errorf("%+v: the refresh is due %v after the send time; want a third of the %v window, %v, less at most a tenth", o, due, window, third)
+		}
+		if err := s.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestMinTTLLeaseKeepsItself: a lease with the shortest TTL New accepts
+// keeps itself alive — the behaviour MinTTL promises. Ten background
+// refreshes in a row succeed while the lease stays held.
+func TestMinTTLLeaseKeepsItself(t *testing.T) {
+	f := &faultyLocks{wake: make(chan struct{}, 1)}
+	l := openEnv(t, testkit.DBName(t), wrapFaulty(f)).locker(t, &Options{TTL: MinTTL})
+	ctx := context.Background()
+	s, err := l.Acquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for f.oks.Load() < 10 {
+		select {
+		case <-f.wake:
+		case <-s.Done():
+			t.Fatalf("a lease with TTL %v was lost after %d refreshes: %v", MinTTL, f.oks.Load(), context.Cause(s.Context()))
+		}
+	}
+	if err := s.Release(ctx); err != nil {
+		t.Fatalf("Release after %d refreshes: %v", f.oks.Load(), err)
+	}
+}
+
 func TestStaleHoldingGetsNewToken(t *testing.T) {
 	// A lease lost at its deadline while the store still has the holding:
 	// the Locker's next lease on the key must not reuse its token.
@@ -454,8 +512,8 @@ func TestTryAcquire(t *testing.T) {
 
 func TestTokensIncreaseAcrossExpiry(t *testing.T) {
 	db := testkit.DBName(t)
-	a := openEnv(t, db, nil).locker(t, &Options{TTL: 50 * time.Millisecond, DisableAutoRefresh: true})
-	b := openEnv(t, db, nil).locker(t, &Options{TTL: 50 * time.Millisecond, DisableAutoRefresh: true})
+	a := openEnv(t, db, nil).shortLocker(t, &Options{TTL: 50 * time.Millisecond, DisableAutoRefresh: true})
+	b := openEnv(t, db, nil).shortLocker(t, &Options{TTL: 50 * time.Millisecond, DisableAutoRefresh: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var last int64

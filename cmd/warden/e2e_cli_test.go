@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/warden-go/warden/internal/testkit"
+	"github.com/warden-go/warden/lock"
 )
 
 // End-to-end checks of the messages and exit codes a newcomer meets first,
@@ -69,16 +70,52 @@ func TestE2ELockRunCommandNotStarted(t *testing.T) {
 	want(t, runWarden(t, nil, "--store", url, "lock", "show", "x"), exitNotFound)
 }
 
-// TestE2ETTLTooShort: a --ttl under lock.MinTTL is refused before anything
-// runs, naming the minimum.
+// TestE2ETTLTooShort: a --ttl under lock.MinTTL (100ms) is refused before
+// anything runs, naming the minimum — 10ms too, which lock.MinTTL once
+// allowed and which lost its lease most of the time.
 func TestE2ETTLTooShort(t *testing.T) {
 	_, url := e2eStore(t)
-	r := runWarden(t, nil, "--store", url, "lock", "run", "--ttl", "1ms", "x", "--", "true")
-	want(t, r, exitUsage)
-	oneErrorLine(t, r)
-	if !strings.Contains(r.stderr, "10ms") {
-		t.Fatalf("want the minimum 10ms named: %s", r)
+	for _, ttl := range []string{"1ms", "10ms", (lock.MinTTL - time.Millisecond).String()} {
+		r := runWarden(t, nil, "--store", url, "lock", "run", "--ttl", ttl, "x", "--", "true")
+		want(t, r, exitUsage)
+		oneErrorLine(t, r)
+		if !strings.Contains(r.stderr, "--ttl "+ttl+": want at least "+lock.MinTTL.String()) {
+			t.Fatalf("--ttl %s: want the minimum %v named: %s", ttl, lock.MinTTL, r)
+		}
 	}
+	// The help says the minimum too.
+	r := runWarden(t, nil, "lock", "run", "--help")
+	if !strings.Contains(r.stdout, "--ttl (at least "+lock.MinTTL.String()+")") || !strings.Contains(r.stdout, "(at least "+lock.MinTTL.String()+"); renewed") {
+		t.Fatalf("lock run --help does not give the minimum TTL %v:\n%s", lock.MinTTL, r.stdout)
+	}
+}
+
+// TestE2ELockRunAtMinTTL: `lock run --ttl` at the minimum it accepts keeps
+// its lease while the command runs for many TTLs: the command finds the
+// lock still held with its own fencing token at the end, and warden exits
+// 0 having released it. (At the former minimum of 10ms the lease was lost
+// — exit 6 — most of the time.)
+func TestE2ELockRunAtMinTTL(t *testing.T) {
+	_, url := e2eStore(t)
+	ttl := lock.MinTTL.String()
+	script := `echo "token $WARDEN_FENCING_TOKEN"; sleep 1; exec "$WARDEN" --store "$STORE" -o json lock show x`
+	r := runWarden(t, []string{"WARDEN=" + wardenBin, "STORE=" + url}, "--store", url, "lock", "run", "--ttl", ttl, "x", "--", "sh", "-c", script)
+	want(t, r, 0)
+	if r.stderr != "" {
+		t.Fatalf("lock run --ttl %s wrote to stderr: %s", ttl, r)
+	}
+	first, rest, _ := strings.Cut(r.stdout, "\n")
+	var rec struct {
+		Key   string `json:"key"`
+		Token int64  `json:"token"`
+	}
+	if err := json.Unmarshal([]byte(rest), &rec); err != nil {
+		t.Fatalf("lock show from the command: %v: %s", err, r)
+	}
+	if first != fmt.Sprintf("token %d", rec.Token) || rec.Key != "x" || rec.Token == 0 {
+		t.Fatalf("after 1s (%d TTLs) the lock is not the command's own holding: %s", time.Second/lock.MinTTL, r)
+	}
+	want(t, runWarden(t, nil, "--store", url, "lock", "show", "x"), exitNotFound)
 }
 
 // TestE2EInvalidPortIsUsage: a port no store can dial is a bad store URL

@@ -36,8 +36,8 @@ its expiry), then starts CMD with the environment variables
 WARDEN_LOCK_KEY (the key) and WARDEN_FENCING_TOKEN (the lease's fencing
 token, greater than every earlier holding's: pass it to what CMD writes so
 that a stale holder's writes can be refused). CMD inherits stdin, stdout
-and stderr. The lease lasts --ttl in the store and is renewed every TTL/3
-while CMD runs; it is released when CMD exits, and warden exits with CMD's
+and stderr. The lease lasts --ttl (at least 100ms) in the store and is
+renewed about every third of it while CMD runs; it is released when CMD exits, and warden exits with CMD's
 exit code (128+N if signal N killed it; 127 if CMD was not found, 126 if it
 could not be started).
 
@@ -54,7 +54,7 @@ nor CMD.`,
 warden lock run nightly-report --no-wait --ttl 1m -- sh -c 'echo "token $WARDEN_FENCING_TOKEN"; sleep 5'`,
 			setup: func(fs *pflag.FlagSet) runFunc {
 				o := runOptions{}
-				fs.DurationVar(&o.ttl, "ttl", lock.DefaultTTL, "how long the lock lasts in the store unless renewed; renewed every third of it")
+				fs.DurationVar(&o.ttl, "ttl", lock.DefaultTTL, "how long the lock lasts in the store unless renewed (at least "+lock.MinTTL.String()+"); renewed about every third of it")
 				fs.DurationVar(&o.wait, "wait", 0, "wait at most this long for the lock, then exit 3 (0: until interrupted)")
 				fs.BoolVar(&o.noWait, "no-wait", false, "exit 3 at once if the lock is held")
 				fs.DurationVar(&o.grace, "grace", 10*time.Second, "once the lock is lost, time between SIGTERM and SIGKILL to the command")

@@ -38,7 +38,7 @@ func lockRun(ctx context.Context, c *cli, key string, argv []string, o runOption
 	cmd := findCommand("lock run")
 	switch {
 	case o.ttl < lock.MinTTL:
-		return usagef(cmd, "--ttl %v: want at least %v", o.ttl, lock.MinTTL)
+		return usagef(cmd, "--ttl %v: want at least %v (a shorter lease is lost to ordinary scheduling and store delays)", o.ttl, lock.MinTTL)
 	case o.wait < 0:
 		return usagef(cmd, "--wait %v: want a positive duration (or 0: until interrupted)", o.wait)
 	case o.noWait && o.wait > 0:
