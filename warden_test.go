@@ -46,6 +46,10 @@ func TestOpenErrorsHidePasswords(t *testing.T) {
 		"memory://user:s3cret@db?bogus=1",
 		"memory://user:s3cret@[::1",
 		"nosuch://user:s3cret@host/db",
+		// A password inside a URL-valued or address parameter.
+		"memory://?endpoint=http://u:s3cret@host&bogus=1",
+		"memory://?addr=u:s3cret@host:1&bogus=1",
+		"nosuch://host?endpoint=http%3A%2F%2Fu%3As3cret%40host",
 	} {
 		_, err := warden.Open(context.Background(), u)
 		if err == nil {

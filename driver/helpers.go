@@ -218,25 +218,75 @@ func ValidatePrefix(p string) error {
 var ErrBadPrefix = errors.New("invalid namespace prefix")
 
 // RedactURL renders u for messages without secrets: the password of the
-// user part (as url.URL.Redacted) and the value of every query parameter
+// user part (as url.URL.Redacted), the value of every query parameter
 // whose name suggests a secret (password, passwd, pwd, secret, token,
-// credential, or a name ending in "key" such as access_key) become "xxxxx".
+// credential, or a name ending in "key" such as access_key), and the
+// password of a URL or address given as a parameter's value
+// (endpoint=http://user:password@host, addr=user:password@host:port, or
+// a comma-separated list of them) become "xxxxx". The other parameters
+// are shown as given.
 func RedactURL(u *url.URL) string {
 	r := *u
 	if r.RawQuery != "" {
-		q := r.Query()
-		changed := false
-		for k := range q {
-			if SecretParam(k) {
-				q[k] = []string{"xxxxx"}
-				changed = true
-			}
-		}
-		if changed {
-			r.RawQuery = q.Encode()
-		}
+		r.RawQuery = redactQuery(r.RawQuery)
 	}
 	return r.Redacted()
+}
+
+// redactQuery masks the secrets of a raw query (see RedactURL), keeping
+// every other parameter as it was written.
+func redactQuery(raw string) string {
+	pairs := strings.Split(raw, "&")
+	for i, pair := range pairs {
+		k, v, _ := strings.Cut(pair, "=")
+		if key, err := url.QueryUnescape(k); SecretParam(k) || err == nil && SecretParam(key) {
+			pairs[i] = k + "=xxxxx"
+			continue
+		}
+		val, err := url.QueryUnescape(v)
+		if err != nil {
+			val = v
+		}
+		if nv, ok := redactUserInfo(val); ok {
+			if val != v {
+				nv = url.QueryEscape(nv)
+			}
+			pairs[i] = k + "=" + nv
+		}
+	}
+	return strings.Join(pairs, "&")
+}
+
+// redactUserInfo returns v with the password of each comma-separated URL
+// or address in it that has user information ("http://user:password@host",
+// "user:password@host:port") replaced by "xxxxx", and whether it replaced
+// any.
+func redactUserInfo(v string) (string, bool) {
+	if !strings.Contains(v, "@") {
+		return v, false
+	}
+	parts := strings.Split(v, ",")
+	changed := false
+	for i, p := range parts {
+		scheme, rest := "", p
+		if j := strings.Index(p, "://"); j >= 0 {
+			scheme, rest = p[:j+3], p[j+3:]
+		}
+		// User information ends at the last '@' of the authority.
+		authority := rest
+		if j := strings.IndexAny(rest, "/?#"); j >= 0 {
+			authority = rest[:j]
+		}
+		at := strings.LastIndex(authority, "@")
+		if at < 0 {
+			continue
+		}
+		if user, _, ok := strings.Cut(authority[:at], ":"); ok {
+			parts[i] = scheme + user + ":xxxxx" + rest[at:]
+			changed = true
+		}
+	}
+	return strings.Join(parts, ","), changed
 }
 
 // SecretParam reports whether a URL query parameter's name says its value

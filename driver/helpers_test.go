@@ -38,6 +38,46 @@ func TestCheckpointID(t *testing.T) {
 	}
 }
 
+// TestRedactURLNested: the password of a URL or address given as a query
+// parameter's value is masked too, whatever the parameter's name.
+func TestRedactURLNested(t *testing.T) {
+	for _, raw := range []string{
+		"memory://?endpoint=http://u:s3cretpw@host&bogus=1",
+		"dynamodb://t?endpoint=https%3A%2F%2Fu%3As3cretpw%40host%3A8000%2Fpath",
+		"redis://h:1?addr=u:s3cretpw@h2:2&cluster=true",
+		"redis://h:1?addr=h2:2,u:s3cretpw@h3:3,:s3cretpw@h4:4",
+		"x://h?upstream=amqp://user:s3cretpw@broker:5672/vhost?heartbeat=10",
+		"x://h?a=http://u:s3cretpw@h1,http://v:s3cretpw@h2",
+	} {
+		u, err := url.Parse(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := RedactURL(u)
+		dec, _ := url.QueryUnescape(got)
+		if strings.Contains(got, "s3cretpw") || strings.Contains(dec, "s3cretpw") {
+			t.Errorf("RedactURL(%q) = %q shows the password", raw, got)
+		}
+		if !strings.Contains(dec, ":xxxxx@") {
+			t.Errorf("RedactURL(%q) = %q does not show where the password was", raw, got)
+		}
+	}
+	// Values without user information are left as they are: an '@' in a
+	// path or a value that is no address.
+	for _, raw := range []string{
+		"dynamodb://t?endpoint=http://host:8000/a@b&region=x",
+		"x://h?mail=ops@example.com&addr=h2:2",
+	} {
+		u, err := url.Parse(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := RedactURL(u); got != u.String() {
+			t.Errorf("RedactURL(%q) = %q, want it unchanged", raw, got)
+		}
+	}
+}
+
 func TestRedactURL(t *testing.T) {
 	u, err := url.Parse("postgres://user:s3cret@host/db?sslmode=disable&password=s3cret&AWS_SECRET_ACCESS_KEY=s3cret&sslpassword=s3cret&prefix=a:")
 	if err != nil {
@@ -47,7 +87,7 @@ func TestRedactURL(t *testing.T) {
 	if strings.Contains(got, "s3cret") {
 		t.Fatalf("RedactURL = %q shows a secret", got)
 	}
-	for _, keep := range []string{"user", "host/db", "sslmode=disable", "prefix=a%3A"} {
+	for _, keep := range []string{"user", "host/db", "sslmode=disable", "prefix=a:"} {
 		if !strings.Contains(got, keep) {
 			t.Errorf("RedactURL = %q lost %q", got, keep)
 		}
