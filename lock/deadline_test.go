@@ -360,11 +360,7 @@ func TestManyLeasesEndTogether(t *testing.T) {
 		}
 	}
 	for i, s := range leases {
-		select {
-		case <-s.Done():
-		case <-time.After(10 * time.Second):
-			t.Fatalf("lease %d of %d still not done 10 s after its deadline %v (the log handler blocks)", i, n, s.Deadline())
-		}
+		<-s.Done() // never, if the blocked log handler held the others up
 		if s.Err() != ErrLeaseLost {
 			t.Fatalf("lease %d: Err %v", i, s.Err())
 		}
@@ -550,8 +546,7 @@ func TestPollWatchReportsStoreErrors(t *testing.T) {
 		return hideNotify(&timedStore{Store: d, locks: &timedLocks{Locks: f}})
 	}).locker(t, &Options{PollInterval: 5 * time.Millisecond})
 	holder := openEnv(t, db, nil).locker(t, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	ctx := context.Background()
 	events, err := w.Watch(ctx, "*")
 	if err != nil {
 		t.Fatal(err)

@@ -126,16 +126,12 @@ func wrapFaulty(f *faultyLocks) func(driver.Store) driver.Store {
 	}
 }
 
-// waitDone waits for a lease to end and returns its cause.
-func waitDone(t *testing.T, s *Lease, within time.Duration) error {
-	t.Helper()
-	select {
-	case <-s.Done():
-		return context.Cause(s.Context())
-	case <-time.After(within):
-		t.Fatalf("lease %q still held after %v", s.Key(), within)
-		return nil
-	}
+// waitDone waits for a lease to end and returns its cause. It sets no time
+// limit: a lease that never ends is reported by go test's -timeout, with
+// every goroutine's stack.
+func waitDone(s *Lease) error {
+	<-s.Done()
+	return context.Cause(s.Context())
 }
 
 // queueLen is how many Acquire calls of l wait for key.
@@ -148,16 +144,11 @@ func queueLen(l *Locker, key string) int {
 	return 0
 }
 
-// waitGoroutines polls until at most n goroutines run.
-func waitGoroutines(t *testing.T, n int) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+// waitGoroutines polls until at most n goroutines run. It sets no time
+// limit: goroutines that never end are reported by go test's -timeout,
+// with their stacks.
+func waitGoroutines(n int) {
 	for runtime.NumGoroutine() > n {
-		if time.Now().After(deadline) {
-			buf := make([]byte, 1<<20)
-			buf = buf[:runtime.Stack(buf, true)]
-			t.Fatalf("%d goroutines, want at most %d:\n%s", runtime.NumGoroutine(), n, buf)
-		}
 		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -3,7 +3,6 @@ package testkit_test
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -76,17 +75,25 @@ func TestLogBuffer(t *testing.T) {
 	}
 }
 
-// fatalTB records Fatalf and ends the goroutine, like testing.T.
-type fatalTB struct {
+// logTB records Logf and fails on Fatalf or Errorf.
+type logTB struct {
 	testing.TB
-	msg string
+	mu   sync.Mutex
+	logs []string
 }
 
-func (f *fatalTB) Helper() {}
+func (f *logTB) Helper() {}
 
-func (f *fatalTB) Fatalf(format string, args ...any) {
-	f.msg = fmt.Sprintf(format, args...)
-	runtime.Goexit()
+func (f *logTB) Logf(format string, args ...any) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.logs = append(f.logs, fmt.Sprintf(format, args...))
+}
+
+func (f *logTB) logged() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.logs...)
 }
 
 func TestEventually(t *testing.T) {
@@ -96,15 +103,16 @@ func TestEventually(t *testing.T) {
 		t.Fatalf("cond called %d times, want 3", n)
 	}
 
-	f := &fatalTB{TB: t}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		testkit.Eventually(f, 20*time.Millisecond, "never", func() bool { return false })
-	}()
-	<-done
-	if !strings.Contains(f.msg, "waiting for never") {
-		t.Fatalf("a condition that never holds failed with %q", f.msg)
+	// Past within it does not fail: it says once that it is still
+	// waiting, and waits on until the condition holds.
+	f := &logTB{TB: t}
+	polls := 0
+	testkit.Eventually(f, time.Millisecond, "the log line", func() bool {
+		polls++
+		return len(f.logged()) > 0 && polls > 10
+	})
+	if logs := f.logged(); len(logs) != 1 || !strings.Contains(logs[0], "still waiting for the log line") {
+		t.Fatalf("logged %q, want one line saying it is still waiting", logs)
 	}
 }
 
