@@ -45,6 +45,7 @@ func main() {
 	// hits one run of several cases rather than every run of one.
 	for i := 0; i < *count; i++ {
 		for _, r := range rows {
+			fmt.Fprintf(os.Stderr, "report: round %d/%d: %s / %s\n", i+1, *count, r.c.Group, r.c.Name)
 			res := testing.Benchmark(r.c.Run)
 			if res.N == 0 {
 				fmt.Fprintf(os.Stderr, "report: %s / %s did not run\n", r.c.Group, r.c.Name)
