@@ -318,18 +318,14 @@ func (r *faultRig) onWinner(t *testing.T, name string, w int, hold time.Duration
 			fatalIf(t, "yield", writeAtomic(r.f.path(fmt.Sprintf(faultYieldFile, i)), nil))
 		}
 	}
-	var last string
-	deadline := time.Now().Add(awaitTimeout)
 	for {
 		rec, found, err := r.st.Locks().Get(ctx, faultKey)
 		if err == nil && found && rec.Owner == string(owner) && rec.Token > r.log.maxToken() {
 			break // a new holding, not yet answered
 		}
-		last = fmt.Sprintf("%+v found=%v err=%v", rec, found, err)
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: the store never showed worker %d (%q) holding the key; last: %s", name, w, owner, last)
+		if !sleepCtx(ctx, 2*time.Millisecond) {
+			t.Fatalf("%s: the check ended before the store showed worker %d (%q) holding the key; last: %+v found=%v err=%v", name, w, owner, rec, found, err)
 		}
-		sleepCtx(ctx, 2*time.Millisecond)
 	}
 	for i := range r.proxies {
 		if i != w {

