@@ -563,7 +563,7 @@ func TestE2ELockRunArgsAfterCmdAreTheCommands(t *testing.T) {
 	r := runWarden(t, nil, "--store", url, "lock", "run", "--no-wait", "k", "echo", "--store", "memory://", "--", "hi")
 	want(t, r, exitHeld)
 	stop()
-	want(t, p.wait(t, 60*time.Second), 0)
+	want(t, p.wait(t), 0)
 	for _, c := range []struct {
 		args []string
 		out  string

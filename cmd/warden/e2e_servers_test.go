@@ -89,7 +89,7 @@ func TestE2EServerNoWaitWhileHeld(t *testing.T) {
 			wantLines(t, r, `KEY +OWNER +TOKEN +ACQUIRED +EXPIRES`, `job +\S+:\d+#[0-9a-f]{12} +\d+ +`+rfc3339ms+` +`+rfc3339ms)
 
 			stop()
-			want(t, h.wait(t, 30*time.Second), 0)
+			want(t, h.wait(t), 0)
 			want(t, runWarden(t, nil, "--store", url, "lock", "run", "job", "--no-wait", "--", "true"), 0)
 		})
 	}
@@ -128,7 +128,7 @@ func TestE2EServerWatchPolledSaysSo(t *testing.T) {
 	}
 	_, stop := holder(t, url, "job")
 	defer stop()
-	r := w.wait(t, 30*time.Second)
+	r := w.wait(t)
 	want(t, r, 0)
 	if lines := watchLines(t, r.stdout); len(lines) != 2 || lines[1].Event != "acquired" || lines[1].Key != "job" {
 		t.Fatalf("watch: %+v", lines)
