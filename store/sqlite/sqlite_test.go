@@ -521,11 +521,7 @@ func TestBusyWait(t *testing.T) {
 	conn = hold()
 	done := make(chan error, 1)
 	go func() { done <- st2.Cache().Set(ctx, "k", []byte("v2"), 0) }()
-	deadline := time.Now().Add(waitLimit)
-	for len(s2.gate.sem) == 0 { // the writer is inside, retrying
-		if time.Now().After(deadline) {
-			t.Fatal("writer never started")
-		}
+	for len(s2.gate.sem) == 0 { // until the writer is inside, retrying
 		time.Sleep(time.Millisecond)
 	}
 	select {

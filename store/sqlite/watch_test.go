@@ -12,35 +12,29 @@ import (
 	"github.com/warden-go/warden/internal/eventhub"
 )
 
-const waitLimit = 10 * time.Second
+// The waits below set no time limit: tests assert what happens, not how
+// fast, and an event or an end that never comes is reported by go test's
+// -timeout, with every goroutine's stack.
 
-// nextLock receives the next lock event or fails after waitLimit.
+// nextLock receives the next lock event, failing if the channel closes.
 func nextLock(t *testing.T, ch <-chan driver.LockEvent) driver.LockEvent {
 	t.Helper()
-	select {
-	case ev, ok := <-ch:
-		if !ok {
-			t.Fatal("lock watch channel closed")
-		}
-		return ev
-	case <-time.After(waitLimit):
-		t.Fatal("no lock event")
+	ev, ok := <-ch
+	if !ok {
+		t.Fatal("lock watch channel closed")
 	}
-	panic("unreachable")
+	return ev
 }
 
+// nextCircuit receives the next circuit change, failing if the channel
+// closes.
 func nextCircuit(t *testing.T, ch <-chan driver.CircuitRecord) driver.CircuitRecord {
 	t.Helper()
-	select {
-	case r, ok := <-ch:
-		if !ok {
-			t.Fatal("circuit watch channel closed")
-		}
-		return r
-	case <-time.After(waitLimit):
-		t.Fatal("no circuit event")
+	r, ok := <-ch
+	if !ok {
+		t.Fatal("circuit watch channel closed")
 	}
-	panic("unreachable")
+	return r
 }
 
 func expectLock(t *testing.T, ch <-chan driver.LockEvent, kind driver.LockEventKind, key, owner string, token int64) driver.LockEvent {
@@ -55,16 +49,7 @@ func expectLock(t *testing.T, ch <-chan driver.LockEvent, kind driver.LockEventK
 // waitClosed waits until ch is closed, draining it.
 func waitClosed[T any](t *testing.T, ch <-chan T) {
 	t.Helper()
-	deadline := time.After(waitLimit)
-	for {
-		select {
-		case _, ok := <-ch:
-			if !ok {
-				return
-			}
-		case <-deadline:
-			t.Fatal("watch channel not closed")
-		}
+	for range ch {
 	}
 }
 
@@ -184,13 +169,7 @@ func TestWatchLifecycle(t *testing.T) {
 	running := s.hub.Running
 	watcherGone := func() {
 		t.Helper()
-		done := make(chan struct{})
-		go func() { s.hub.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(waitLimit):
-			t.Fatal("watcher goroutine still running")
-		}
+		s.hub.Wait() // never, if the watcher goroutine kept running
 	}
 	ctx1, cancel1 := context.WithCancel(context.Background())
 	ctx2, cancel2 := context.WithCancel(context.Background())
@@ -261,22 +240,17 @@ func TestWatchSlowReceiver(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	deadline := time.After(waitLimit)
 	n := 0
-	for {
-		select {
-		case ev := <-ch:
-			n++
-			if ev.Kind == driver.EventsLost {
-				if n <= eventhub.Buffer {
-					t.Fatalf("EventsLost after only %d events", n)
-				}
-				return
+	for ev := range ch { // never ends, if the overflow were not reported
+		n++
+		if ev.Kind == driver.EventsLost {
+			if n <= eventhub.Buffer {
+				t.Fatalf("EventsLost after only %d events", n)
 			}
-		case <-deadline:
-			t.Fatalf("no EventsLost after %d events", n)
+			return
 		}
 	}
+	t.Fatalf("the watch channel closed after %d events without EventsLost", n)
 }
 
 // TestWatchGap: events pruned before the watcher read them are reported as
