@@ -676,30 +676,20 @@ func TestIdempotencyClaims(t *testing.T) {
 	}
 }
 
-// waitFor polls cond until it holds or a deadline passes.
+// waitFor polls cond until it holds, however long that takes: tests
+// assert what happens, not how fast, and a condition that never holds is
+// reported by go test's -timeout.
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
 	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 5s")
-		}
 		time.Sleep(time.Millisecond)
 	}
 }
 
-// waitClosed waits for ch to be closed, discarding events.
+// waitClosed waits for ch to be closed, discarding events, however long
+// that takes.
 func waitClosed[T any](t *testing.T, ch <-chan T) {
 	t.Helper()
-	timeout := time.After(5 * time.Second)
-	for {
-		select {
-		case _, ok := <-ch:
-			if !ok {
-				return
-			}
-		case <-timeout:
-			t.Fatal("channel not closed within 5s")
-		}
+	for range ch {
 	}
 }
