@@ -129,7 +129,7 @@ func roundTrip(t *testing.T, c net.Conn, msg string) {
 		t.Fatalf("write %q: %v", msg, err)
 	}
 	got := make([]byte, len(msg))
-	c.SetReadDeadline(time.Now().Add(time.Minute))
+	c.SetReadDeadline(time.Time{}) // no deadline: the read waits for what it asserts
 	if _, err := io.ReadFull(c, got); err != nil {
 		t.Fatalf("reading the echo of %q: %v", msg, err)
 	}
@@ -158,7 +158,7 @@ func wantSilence(t *testing.T, c net.Conn, msg string) {
 // wantBroken checks that reading c fails without data (EOF or reset).
 func wantBroken(t *testing.T, c net.Conn, what string) error {
 	t.Helper()
-	c.SetReadDeadline(time.Now().Add(time.Minute))
+	c.SetReadDeadline(time.Time{}) // no deadline: the read waits for what it asserts
 	buf := make([]byte, 64)
 	n, err := c.Read(buf)
 	if n > 0 || err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
@@ -167,13 +167,12 @@ func wantBroken(t *testing.T, c net.Conn, what string) error {
 	return err
 }
 
-// awaitStats waits until the proxy's counters satisfy ok.
+// awaitStats waits until the proxy's counters satisfy ok. Like every wait
+// of these tests it sets no time limit: tests assert what happens, not how
+// fast, and what never happens is reported by go test's -timeout.
 func awaitStats(t *testing.T, p *faultproxy.Proxy, ok func(faultproxy.Stats) bool) {
 	t.Helper()
-	for end := time.Now().Add(time.Minute); !ok(p.Stats()); {
-		if time.Now().After(end) {
-			t.Fatalf("proxy stats %+v after a minute", p.Stats())
-		}
+	for !ok(p.Stats()) {
 		time.Sleep(time.Millisecond)
 	}
 }
@@ -181,13 +180,7 @@ func awaitStats(t *testing.T, p *faultproxy.Proxy, ok func(faultproxy.Stats) boo
 // awaitAccepted waits until the proxy has accepted n connections.
 func awaitAccepted(t *testing.T, p *faultproxy.Proxy, n int) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for p.Stats().Accepted < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("the proxy accepted %d connections, want %d", p.Stats().Accepted, n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	awaitStats(t, p, func(st faultproxy.Stats) bool { return st.Accepted >= n })
 }
 
 func TestListensOnLoopback(t *testing.T) {
@@ -214,7 +207,7 @@ func TestPassForwardsEveryByte(t *testing.T) {
 			rand.Read(data)
 			go c.Write(data) //nolint:errcheck // a failure shows in the read
 			got := make([]byte, size)
-			c.SetReadDeadline(time.Now().Add(time.Minute))
+			c.SetReadDeadline(time.Time{}) // no deadline: the read waits for what it asserts
 			if _, err := io.ReadFull(c, got); err != nil {
 				errs <- err
 				return
@@ -256,7 +249,7 @@ func TestDelayKeepsOrder(t *testing.T) {
 	done := make(chan error, 1)
 	var got bytes.Buffer
 	go func() {
-		c.SetReadDeadline(time.Now().Add(time.Minute))
+		c.SetReadDeadline(time.Time{}) // no deadline: the read waits for what it asserts
 		_, err := io.CopyN(&got, c, int64(len("msg-000;")*300))
 		done <- err
 	}()
@@ -302,11 +295,7 @@ func TestDelayHoldsRequestsAndReplies(t *testing.T) {
 	p.Delay(0, time.Hour)
 	before = s.received.Load()
 	wantSilence(t, down, "held-reply")
-	deadline := time.Now().Add(time.Minute)
 	for s.received.Load() != before+int64(len("held-reply")) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the server received %d bytes of a request whose reply is delayed, want %d", s.received.Load()-before, len("held-reply"))
-		}
 		time.Sleep(time.Millisecond)
 	}
 	// Close ends the proxy with chunks still queued for an hour.
@@ -347,11 +336,7 @@ func TestBlackhole(t *testing.T) {
 	}
 	// A client leaving a silent connection frees its server side.
 	live.Close()
-	select {
-	case <-s.closed:
-	case <-time.After(time.Minute):
-		t.Fatal("the server's side of a blackholed connection stays open after its client left")
-	}
+	<-s.closed // never, if the server's side stayed open
 }
 
 func TestBlackholeDropsQueuedBytes(t *testing.T) {
@@ -416,11 +401,7 @@ func TestReset(t *testing.T) {
 	}
 	// Both server sides are closed.
 	for range 2 {
-		select {
-		case <-s.closed:
-		case <-time.After(time.Minute):
-			t.Fatal("the server's side of a reset connection stays open")
-		}
+		<-s.closed // never, if a server side stayed open
 	}
 	// The mode did not change.
 	roundTrip(t, dial(t, p), "after")
@@ -435,7 +416,7 @@ func TestResetReplies(t *testing.T) {
 	if _, err := c.Write([]byte("?")); err != nil {
 		t.Fatal(err)
 	}
-	c.SetReadDeadline(time.Now().Add(time.Minute))
+	c.SetReadDeadline(time.Time{}) // no deadline: the read waits for what it asserts
 	got, err := io.ReadAll(c)
 	if !errors.Is(err, syscall.ECONNRESET) {
 		t.Errorf("reading the reply: %v, want ECONNRESET", err)
@@ -453,7 +434,7 @@ func TestResetReplies(t *testing.T) {
 		t.Fatal(err)
 	}
 	got = make([]byte, len(reply))
-	c2.SetReadDeadline(time.Now().Add(time.Minute))
+	c2.SetReadDeadline(time.Time{}) // no deadline: the read waits for what it asserts
 	if _, err := io.ReadFull(c2, got); err != nil || !bytes.Equal(got, reply) {
 		t.Fatalf("reply after Pass: %v (equal: %v)", err, bytes.Equal(got, reply))
 	}
@@ -513,11 +494,7 @@ func TestCloseStopsEveryGoroutine(t *testing.T) {
 	}
 	// Close has waited for every goroutine to finish its work; one may
 	// still be returning from its last deferred call.
-	deadline := time.Now().Add(time.Minute)
 	for left := proxyGoroutines(); left != ""; left = proxyGoroutines() {
-		if time.Now().After(deadline) {
-			t.Fatalf("goroutines of the proxy left after Close:\n%s", left)
-		}
 		runtime.Gosched()
 		time.Sleep(time.Millisecond)
 	}
