@@ -13,7 +13,7 @@ import (
 )
 
 // The portable packages whose functions the documentation's snippets call.
-var documentedPackages = []string{".", "lock", "breaker", "cache", "idempotency", "checkpoint"}
+var documentedPackages = []string{".", "lock", "breaker", "cache", "idempotency", "checkpoint", "scope"}
 
 // signature is what a snippet's call of a package function is checked
 // against.
