@@ -345,7 +345,7 @@ func runTask[T any](t *task, h *Handle[T], fn func(context.Context) (T, error)) 
 		}
 		s.exit()
 	}()
-	h.v, h.err = run(t, ctx, fn)
+	h.v, h.err = run(ctx, t, fn)
 	normal = true
 	close(h.done)
 	if h.err != nil {
@@ -355,7 +355,7 @@ func runTask[T any](t *task, h *Handle[T], fn func(context.Context) (T, error)) 
 
 // run checks t's options, waits for a concurrency slot, reports the
 // task's start and end to the hook and runs its layers.
-func run[T any](t *task, ctx context.Context, fn func(context.Context) (T, error)) (v T, err error) {
+func run[T any](ctx context.Context, t *task, fn func(context.Context) (T, error)) (v T, err error) {
 	s, c := t.s, &t.cfg
 	switch {
 	case c.err != nil:
@@ -379,7 +379,7 @@ func run[T any](t *task, ctx context.Context, fn func(context.Context) (T, error
 	}
 	t.start = time.Now()
 	s.emit(ctx, OpTaskStart, t.name, t.start, 0, nil)
-	v, err = layers(t, ctx, fn)
+	v, err = layers(ctx, t, fn)
 	if errors.Is(err, warden.ErrLeaseLost) {
 		t.reportLost(ctx, c.lostKey(), err) // a claim, or a loss not reported yet
 	}
@@ -390,7 +390,7 @@ func run[T any](t *task, ctx context.Context, fn func(context.Context) (T, error
 // layers runs fn inside the task's options, in their one order, outermost
 // first: Idempotent, Lock, Checkpoint, Retry, Breaker, Timeout. A panic,
 // in fn or in a layer, becomes a *PanicError.
-func layers[T any](t *task, ctx context.Context, fn func(context.Context) (T, error)) (v T, err error) {
+func layers[T any](ctx context.Context, t *task, fn func(context.Context) (T, error)) (v T, err error) {
 	s, c := t.s, &t.cfg
 	defer func() {
 		if r := recover(); r != nil {
