@@ -171,7 +171,7 @@ func ExampleWithHook() {
 	// Output:
 	// scope.task.start sync attempt=1 err=<nil>
 	// scope.task.retry sync attempt=1 err=flaky
-	// scope.task sync attempt=1 err=<nil>
+	// scope.task sync attempt=2 err=<nil>
 }
 
 // WithLockOptions configures the scope's Locker: here, leases of one

@@ -83,9 +83,10 @@ func WithStore(st *warden.Store) Option {
 
 // WithHook reports every task's start, end, retries and lost leases to
 // h, as warden.Hook reports store operations (see the Op constants): one
-// call per event, on the task's goroutine, with the task's context
-// (TaskFromContext gives its name and attempt). h must be fast and safe
-// for concurrent use. A nested Run inherits it. Nil: no reports.
+// call per event, with the task's context (TaskFromContext gives its name
+// and attempt), on the task's goroutine — OpLeaseLost on one the task
+// waits for before it ends, at the moment of the loss. h must be fast and
+// safe for concurrent use. A nested Run inherits it. Nil: no reports.
 func WithHook(h warden.Hook) Option {
 	return func(c *config) { c.hook = h }
 }

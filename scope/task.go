@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/warden-go/warden"
@@ -196,8 +197,12 @@ func Retry(p RetryPolicy) TaskOption {
 
 // TaskInfo describes a running task, as TaskFromContext gives it.
 type TaskInfo struct {
-	Name    string // the task's name (see Name)
-	Attempt int    // the attempt running, from 1 (always 1 without Retry)
+	// Name is the task's name (see Name).
+	Name string
+	// Attempt is the attempt running, from 1 (always 1 without Retry);
+	// outside an attempt — in the hook's OpTask report, say — the last
+	// one that ran.
+	Attempt int
 }
 
 type taskKey struct{}
@@ -215,7 +220,10 @@ func TaskFromContext(ctx context.Context) (TaskInfo, bool) {
 	if !ok {
 		return TaskInfo{}, false
 	}
-	n, _ := ctx.Value(attemptKey{}).(int)
+	n, ok := ctx.Value(attemptKey{}).(int)
+	if !ok {
+		n = int(t.attempt.Load())
+	}
 	return TaskInfo{Name: t.name, Attempt: max(n, 1)}, true
 }
 
@@ -325,7 +333,8 @@ type task struct {
 	cfg       taskConfig
 	name      string
 	start     time.Time
-	cancelled error // the scope's ctx.Err() when Go was called
+	cancelled error        // the scope's ctx.Err() when Go was called
+	attempt   atomic.Int64 // the attempt running or last run, with Retry
 
 	lostOnce sync.Once
 }
@@ -532,6 +541,7 @@ func retryLayer(t *task, p RetryPolicy, inner func(context.Context) error) func(
 	return func(ctx context.Context) error {
 		for n := 1; ; n++ {
 			actx := context.WithValue(ctx, attemptKey{}, n)
+			t.attempt.Store(int64(n))
 			start := time.Now()
 			err := inner(actx)
 			if err == nil || n >= attempts || !retryable(ctx, err, p.If) {
