@@ -141,6 +141,13 @@ func lostReported(r *Recorder, key string) bool {
 
 var errFail = errors.New("dependency failed")
 
+// leaseTTL is the TTL of the checks' leases: short, so that a loss is
+// found at the next refresh (every TTL/3) and a dead process's lease
+// lapses soon, but long enough that a loaded machine still refreshes in
+// time — a lease lost for being late would pass for the loss the check
+// provokes, or end the victim of CheckpointKilled before its saves.
+const leaseTTL = 2 * time.Second
+
 // leaseLost: an operator force-releases the lock a task holds; the task
 // and its sibling are cancelled and Run returns the loss.
 func leaseLost(t *testing.T, h Harness, prefix string) {
@@ -164,7 +171,7 @@ func leaseLost(t *testing.T, h Harness, prefix string) {
 				return ctx.Err()
 			}, scope.Lock("k"))
 			return nil
-		}, scope.WithStore(st), scope.WithHook(rec), scope.WithLockOptions(&lock.Options{TTL: time.Second}))
+		}, scope.WithStore(st), scope.WithHook(rec), scope.WithLockOptions(&lock.Options{TTL: leaseTTL}))
 	}()
 	<-inside
 	<-siblingUp
@@ -230,7 +237,7 @@ func idempotentOnce(t *testing.T, h Harness, prefix string) {
 func checkpointResume(t *testing.T, h Harness, prefix string) {
 	ctx := t.Context()
 	first, second := open(t, h, prefix), open(t, h, prefix)
-	opts := []scope.Option{scope.WithLockOptions(&lock.Options{TTL: time.Second})}
+	opts := []scope.Option{scope.WithLockOptions(&lock.Options{TTL: leaseTTL})}
 	err := scope.Run(ctx, func(s *scope.Scope) error {
 		s.Go(func(ctx context.Context) error {
 			cp := scope.CursorFromContext[int](ctx)
@@ -644,7 +651,7 @@ func (c *child) result(t *testing.T) childResult {
 func procLeaseLost(t *testing.T, h Harness, prefix string) {
 	st := open(t, h, prefix)
 	dir := t.TempDir()
-	c := startChild(t, childConfig{Mode: "lease", URL: h.URL(t, prefix), Dir: dir, Key: "k", TTL: time.Second})
+	c := startChild(t, childConfig{Mode: "lease", URL: h.URL(t, prefix), Dir: dir, Key: "k", TTL: leaseTTL})
 	awaitFile(t, filepath.Join(dir, "inside"), c)
 	ok, err := st.Locks().ForceRelease(t.Context(), "k")
 	if err != nil || !ok {
@@ -718,7 +725,7 @@ func readLines(path string) ([]string, error) {
 func procCheckpointKill(t *testing.T, h Harness, prefix string) {
 	st := open(t, h, prefix)
 	dir := t.TempDir()
-	cfg := childConfig{Mode: "cp-victim", URL: h.URL(t, prefix), Dir: dir, Key: "import", TTL: 500 * time.Millisecond}
+	cfg := childConfig{Mode: "cp-victim", URL: h.URL(t, prefix), Dir: dir, Key: "import", TTL: leaseTTL}
 	victim := startChild(t, cfg)
 	awaitFile(t, filepath.Join(dir, "saved"), victim)
 	if err := victim.cmd.Process.Kill(); err != nil { // SIGKILL
