@@ -253,6 +253,8 @@ func (c *Circuits) RecordOutcome(ctx context.Context, name string, o driver.Outc
 		aerr = fmt.Errorf("%w: outcome kind %d", ErrInvalidArgument, o.Kind)
 	case o.Gen < driver.AnyGeneration:
 		aerr = fmt.Errorf("%w: circuit generation %d", ErrInvalidArgument, o.Gen)
+	case o.ProbeEpoch < 0:
+		aerr = fmt.Errorf("%w: negative probe epoch %d", ErrInvalidArgument, o.ProbeEpoch)
 	case o.Successes < 0:
 		aerr = fmt.Errorf("%w: negative successes %d", ErrInvalidArgument, o.Successes)
 	case o.Threshold < 0:

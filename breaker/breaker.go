@@ -69,7 +69,11 @@
 // closed cannot close it once it has re-opened or while another process
 // probes it, its late failure does not count against the new generation,
 // and a probe's late failure does not re-open a circuit other probes have
-// closed since.
+// closed since. A probe also carries its probe slot's epoch (the store's
+// ProbeEpoch when it granted the slot): once the slot has lapsed and the
+// store has granted slots again, to this Breaker or another process, the
+// late probe's outcome is ignored too, so only the probes holding slots
+// decide the half-open circuit.
 //
 // # When the store is unreachable or slow
 //
@@ -260,7 +264,8 @@ type Options struct {
 	OpenFor time.Duration
 	// ProbeLease is how long a prober holds the half-open probe slot: if it
 	// neither succeeds nor fails within it (it died, or its call is that
-	// slow), another caller may probe. 0: OpenFor.
+	// slow), another caller may probe, and once one does, the late
+	// prober's outcome no longer counts. 0: OpenFor.
 	ProbeLease time.Duration
 	// HalfOpenProbes is gobreaker's MaxRequests: the number of probes
 	// that may run at once across the fleet while the circuit is half-open,
@@ -684,11 +689,14 @@ const (
 
 // ticket is an admitted call: its kind, and the generation of the circuit
 // it was admitted in (the record's OpenedAt as driver.Generation counts
-// it), which its outcome carries to the store.
+// it) and, for a probe, the probe epoch of its slot, which its outcome
+// carries to the store: the store ignores it once the slot is no longer
+// granted (it lapsed and was granted again).
 type ticket struct {
-	kind ticketKind
-	gen  int64
-	id   string // probeCall: the probe slot's owner id
+	kind  ticketKind
+	gen   int64
+	epoch int64  // probeCall: the granted record's ProbeEpoch
+	id    string // probeCall: the probe slot's owner id
 }
 
 type outcome int
@@ -780,7 +788,7 @@ func (b *Breaker) admit(ctx context.Context) (ticket, error) {
 	b.applyLocked(rec, start, fromRead)
 	if granted {
 		b.probesGranted.Add(1)
-		return ticket{kind: probeCall, gen: rec.Generation(), id: id}, nil
+		return ticket{kind: probeCall, gen: rec.Generation(), epoch: rec.ProbeEpoch, id: id}, nil
 	}
 	b.probing--
 	if b.state == Closed {
@@ -1129,7 +1137,7 @@ func (b *Breaker) localCountsLocked() Counts {
 // outcomeLocked returns the outcome to write for a call of ticket t, with
 // the closed-state successes not yet written; b.mu is held.
 func (b *Breaker) outcomeLocked(kind driver.OutcomeKind, t ticket) driver.Outcome {
-	o := driver.Outcome{Kind: kind, Gen: t.gen, CloseAfter: b.probes, Interval: b.interval}
+	o := driver.Outcome{Kind: kind, Gen: t.gen, ProbeEpoch: t.epoch, CloseAfter: b.probes, Interval: b.interval}
 	if kind == driver.OutcomeFailure && b.readyToTrip == nil {
 		o.Threshold = b.threshold
 	}

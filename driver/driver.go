@@ -228,6 +228,16 @@ type CircuitRecord struct {
 	// ended by an outcome. All of them lapse at ProbeUntil: a live count
 	// is Probes while ProbeUntil is in the future, 0 afterwards.
 	Probes int64
+	// ProbeEpoch names the current set of probe slots, the slots granted
+	// since the last grant that found none held: the grant that turned
+	// the circuit half-open, or the first grant after every slot lapsed,
+	// adds one to it (as Set does, which clears the slots); the other
+	// grants keep it. A probe's outcome carries the ProbeEpoch its grant
+	// returned (Outcome.ProbeEpoch), and applies only while it is still
+	// the circuit's: a probe whose slot lapsed and was granted again, to
+	// any caller, no longer decides the circuit. Records of writers that
+	// do not keep it read 0.
+	ProbeEpoch int64
 }
 
 // Counts are a circuit's counts in its current counting period, in the
@@ -297,6 +307,13 @@ type Outcome struct {
 	// admitted in, or AnyGeneration. An outcome of another generation
 	// changes nothing, its Successes included.
 	Gen int64
+	// ProbeEpoch is, for a half-open probe, the ProbeEpoch of the record
+	// TryProbes returned when it granted the probe its slot; 0 for a call
+	// admitted while the circuit was closed (and for operators). An
+	// outcome whose ProbeEpoch is not 0 and not the circuit's changes
+	// nothing: its slot is no longer granted (it lapsed and slots were
+	// granted again, or Set cleared it). ≥ 0.
+	ProbeEpoch int64
 	// Successes is a number of successes of calls made while the circuit
 	// was closed and not written one by one (the steady closed success path
 	// is write-free). They are counted before the call, only if the circuit
@@ -382,8 +399,9 @@ type Circuits interface {
 	// unchanged). RecordFailure is RecordOutcome(Failure(gen, threshold))
 	// and RecordSuccess is RecordOutcome(Success(gen)). In order:
 	//
-	//   - o.Gen is not the circuit's generation (and not AnyGeneration):
-	//     nothing changes.
+	//   - o.Gen is not the circuit's generation (and not AnyGeneration),
+	//     or o.ProbeEpoch is not 0 and not the circuit's ProbeEpoch (a
+	//     probe whose slot is no longer granted): nothing changes.
 	//   - closed, o.Interval > 0: the counting period is renewed if over
 	//     (see Outcome.Interval); then o.Successes add to Successes.
 	//   - failure: Failures+1 and LastFailure = now in every state. Closed:
@@ -426,14 +444,20 @@ type Circuits interface {
 	// Every grant sets ProbeOwner = owner and ProbeUntil = now+lease, so
 	// the slots lapse together, lease after the newest grant: a dead
 	// prober's slot is free again once no slot was granted for a lease.
+	// The grant from open, and a grant in half-open with every slot lapsed
+	// (ProbeUntil not after now), begin a new set of slots: ProbeEpoch+1;
+	// the others keep ProbeEpoch. The granted record's ProbeEpoch is the
+	// probe's, for its outcome (Outcome.ProbeEpoch).
 	// Otherwise not granted; the record tells why (closed: just call;
 	// open: not yet; half-open: maxProbes probes run). maxProbes ≥ 1.
 	TryProbes(ctx context.Context, name, owner string, openFor, lease time.Duration, maxProbes int) (rec CircuitRecord, granted bool, err error)
 	// Get returns the circuit's record; found=false if absent.
 	Get(ctx context.Context, name string) (rec CircuitRecord, found bool, err error)
 	// Set forces a state (operators). Closed resets the failure count
-	// and clears OpenedAt (generation 0); open sets OpenedAt to now; every state clears the probe slots and
-	// resets the counts (closed also sets IntervalStart to now).
+	// and clears OpenedAt (generation 0); open sets OpenedAt to now; every
+	// state clears the probe slots (ProbeEpoch+1: the outcomes of probes
+	// still running change nothing) and resets the counts (closed also
+	// sets IntervalStart to now).
 	Set(ctx context.Context, name string, state CircuitState) (CircuitRecord, error)
 	// Delete removes the circuit's record (it reads as closed afterwards).
 	Delete(ctx context.Context, name string) (ok bool, err error)

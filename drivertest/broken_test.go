@@ -160,6 +160,14 @@ var doubles = []double{
 		wrap:  func(b *broken) { b.circuits = anyGeneration{Circuits: b.circuits} },
 	},
 	{
+		// Probe outcomes applied whatever their slot: a probe whose slot
+		// lapsed and was granted again still decides the circuit.
+		name:  "circuit-any-probe-epoch",
+		run:   "^Circuits$/^ProbeSlots$",
+		fails: []string{"Circuits/ProbeSlots"},
+		wrap:  func(b *broken) { b.circuits = anyProbeEpoch{Circuits: b.circuits} },
+	},
+	{
 		// The counting period renewed on a read made before the write:
 		// two writers that both read "over" both reset the counts.
 		name:  "circuit-interval-read-then-reset",
@@ -601,6 +609,16 @@ func (c anyGeneration) RecordFailure(ctx context.Context, name string, threshold
 
 func (c anyGeneration) RecordSuccess(ctx context.Context, name string, _ int64) (driver.CircuitRecord, error) {
 	return c.Circuits.RecordSuccess(ctx, name, driver.AnyGeneration)
+}
+
+// anyProbeEpoch records a probe's outcome whatever its slot: the late
+// success of a probe whose slot lapsed and was granted again closes the
+// circuit while the newer probe runs.
+type anyProbeEpoch struct{ driver.Circuits }
+
+func (c anyProbeEpoch) RecordOutcome(ctx context.Context, name string, o driver.Outcome) (driver.CircuitRecord, error) {
+	o.ProbeEpoch = 0
+	return c.Circuits.RecordOutcome(ctx, name, o)
 }
 
 // intervalReadThenReset decides whether the counting period is over on a

@@ -31,6 +31,7 @@ func (s *suite) circuits(t *testing.T) {
 		{"Generations", s.circuitGenerations},
 		{"GenerationsConcurrent", s.circuitGenerationsConcurrent},
 		{"LateProbeOutcome", s.circuitLateProbeOutcome},
+		{"ProbeSlots", s.circuitProbeSlots},
 		{"Counts", s.circuitCounts},
 		{"Interval", s.circuitInterval},
 		{"Trip", s.circuitTrip},

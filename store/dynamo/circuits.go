@@ -14,7 +14,9 @@ import (
 // circuits is the circuit-breaker driver. A circuit is one item (pk
 // CB#<prefix>circuit:<name>, sk METADATA) with state, failures,
 // lastFailure, lastSuccess, openedAt, probeOwner, probeUntil, version and
-// updatedAt (times in Unix ms).
+// updatedAt (times in Unix ms), and the counts and probe slots
+// (successes, totalFailures, consecutiveSuccesses, intervalStart, probes,
+// probeEpoch; absent attributes read 0).
 //
 // DynamoDB update expressions cannot branch, so each change has one
 // conditional UpdateItem per starting state, with mutually exclusive
@@ -36,7 +38,7 @@ func circRec(name string, it item) driver.CircuitRecord {
 		ProbeOwner: gS(it, aProbe), ProbeUntil: msTime(gN(it, aProbeUntil)),
 		Version: gN(it, aVersion), UpdatedAt: msTime(gN(it, aUpd)),
 		Successes: gN(it, aSucc), TotalFailures: gN(it, aTotF), ConsecutiveSuccesses: gN(it, aConsOK),
-		IntervalStart: msTime(gN(it, aIntStart)), Probes: gN(it, aProbes),
+		IntervalStart: msTime(gN(it, aIntStart)), Probes: gN(it, aProbes), ProbeEpoch: gN(it, aProbeEpoch),
 	}
 }
 
@@ -48,6 +50,8 @@ const (
 	aConsOK   = "consecutiveSuccesses"
 	aIntStart = "intervalStart"
 	aProbes   = "probes"
+	// aProbeEpoch names the current set of probe slots.
+	aProbeEpoch = "probeEpoch"
 )
 
 // variant is one conditional form of a circuit change.
@@ -67,13 +71,15 @@ const (
 	// apply.
 	closing = clearProbe + ", #openedAt"
 	bump    = " ADD #version :one"
+	// newSlots bumps the version and begins a new set of probe slots.
+	newSlots = " ADD #version :one, #probeEpoch :one"
 )
 
 // change applies a circuit change: variants[pick(old)] for the state the
 // item is in; pick < 0: the change does not apply to that item, which is
 // returned unchanged. The state seen last picks the variant tried first.
 func (c circuits) change(ctx context.Context, op, name string, vals item, variants []variant, pick func(old item) int) (driver.CircuitRecord, error) {
-	return c.changeGen(ctx, op, name, driver.AnyGeneration, vals, variants, pick)
+	return c.changeGen(ctx, op, name, driver.AnyGeneration, 0, vals, variants, pick)
 }
 
 // itemGen is the generation of a circuit item (0 if absent or never
@@ -91,13 +97,22 @@ func otherGen(it item, gen int64) bool {
 	return gen != driver.AnyGeneration && itemGen(it) != gen
 }
 
-// changeGen is change for an outcome of generation gen: every variant's
-// condition also requires the item's generation (openedAt, absent for 0),
-// so the check and the change are one conditional UpdateItem; an absent
-// item is created only for generation 0 or any. When the condition fails
-// because the generation is over, the current record is returned
-// unchanged (closed if absent).
-func (c circuits) changeGen(ctx context.Context, op, name string, gen int64, vals item, variants []variant, pick func(old item) int) (driver.CircuitRecord, error) {
+// otherEpoch reports whether a probe's outcome of probe epoch epoch (0:
+// not a probe) does not apply to the item (nil: absent): its slot is no
+// longer granted.
+func otherEpoch(it item, epoch int64) bool {
+	return epoch != 0 && (it == nil || gN(it, aProbeEpoch) != epoch)
+}
+
+// changeGen is change for an outcome of generation gen and, for a
+// probe's outcome, probe epoch epoch (0: not a probe): every variant's
+// condition also requires the item's generation (openedAt, absent for 0)
+// and probe epoch, so the check and the change are one conditional
+// UpdateItem; an absent item is created only for generation 0 or any,
+// and never for a probe. When the condition fails because the generation
+// or the probe slot is over, the current record is returned unchanged
+// (closed if absent).
+func (c circuits) changeGen(ctx context.Context, op, name string, gen, epoch int64, vals item, variants []variant, pick func(old item) int) (driver.CircuitRecord, error) {
 	s := c.s
 	genCond := ""
 	switch {
@@ -108,6 +123,13 @@ func (c circuits) changeGen(ctx context.Context, op, name string, gen int64, val
 	}
 	if genCond != "" {
 		vals[":gen"] = vN(gen)
+	}
+	if epoch > 0 {
+		if genCond != "" {
+			genCond += " AND "
+		}
+		genCond += "#probeEpoch = :pe"
+		vals[":pe"] = vN(epoch)
 	}
 	ignored := func(it item) driver.CircuitRecord {
 		if it == nil {
@@ -163,7 +185,7 @@ func (c circuits) changeGen(ctx context.Context, op, name string, gen int64, val
 			if gS(old, aReq) == req {
 				return circRec(name, old), nil
 			}
-			if otherGen(old, gen) {
+			if otherGen(old, gen) || otherEpoch(old, epoch) {
 				return ignored(old), nil
 			}
 			if i = pick(old); i < 0 {
@@ -181,7 +203,7 @@ func (c circuits) changeGen(ctx context.Context, op, name string, gen int64, val
 			if it != nil && gS(it, aReq) == req {
 				return circRec(name, it), nil
 			}
-			if otherGen(it, gen) {
+			if otherGen(it, gen) || otherEpoch(it, epoch) {
 				return ignored(it), nil
 			}
 			if it == nil {
@@ -391,7 +413,7 @@ func (c circuits) RecordOutcome(ctx context.Context, name string, o driver.Outco
 			return 0
 		}
 	}
-	return c.changeGen(ctx, op, name, o.Gen, vals, variants, pick)
+	return c.changeGen(ctx, op, name, o.Gen, o.ProbeEpoch, vals, variants, pick)
 }
 
 // grant tries one conditional UpdateItem of a probe slot or a trip; when
@@ -449,8 +471,8 @@ func (c circuits) TryProbe(ctx context.Context, name, owner string, openFor, lea
 func (c circuits) TryProbes(ctx context.Context, name, owner string, openFor, lease time.Duration, maxProbes int) (driver.CircuitRecord, bool, error) {
 	const setSlot = "#probeOwner = :o, #probeUntil = :until"
 	variants := []variant{
-		// 0: open and due: half-open, the first slot.
-		{"#state = :half, #probes = :one, " + setSlot + resetCounts + bump,
+		// 0: open and due: half-open, the first slot of a new set.
+		{"#state = :half, #probes = :one, " + setSlot + resetCounts + newSlots,
 			"#state = :open AND (attribute_not_exists(#openedAt) OR #openedAt <= :cut)"},
 		// 1: the newest slot's holder again.
 		{setSlot + ", #probes = if_not_exists(#probes, :one)" + bump,
@@ -459,8 +481,8 @@ func (c circuits) TryProbes(ctx context.Context, name, owner string, openFor, le
 		{setSlot + " ADD #probes :one, #version :one",
 			"#state = :half AND #probeUntil > :now AND (attribute_not_exists(#probeOwner) OR #probeOwner <> :o) AND " +
 				"(attribute_not_exists(#probes) OR #probes < :max)"},
-		// 3: every slot lapsed.
-		{setSlot + ", #probes = :one" + bump,
+		// 3: every slot lapsed: the first slot of a new set.
+		{setSlot + ", #probes = :one" + newSlots,
 			"#state = :half AND (attribute_not_exists(#probeUntil) OR #probeUntil <= :now)"},
 	}
 	pick := func(it item) int {
@@ -528,9 +550,9 @@ func (c circuits) Set(ctx context.Context, name string, state driver.CircuitStat
 	}
 	v.upd += ", #probes = :zero" + resetCounts
 	if state == driver.Closed {
-		v.upd += closing + bump
+		v.upd += closing + newSlots
 	} else {
-		v.upd += clearProbe + bump
+		v.upd += clearProbe + newSlots
 	}
 	return c.change(ctx, "setting circuit", name, item{":zero": vN(0)}, []variant{v}, func(item) int { return 0 })
 }

@@ -117,7 +117,7 @@ func TestRoundTrips(t *testing.T) {
 	// applies first is one request; an operation that matches no case (an
 	// outcome of an older generation, a Trip at a stale version) tries
 	// them and reads the item (logged).
-	var gen, version int64
+	var gen, version, epoch int64
 	if _, err := st.Circuits().RecordFailure(ctx, "g", 1); err != nil {
 		t.Fatal(err)
 	}
@@ -126,15 +126,19 @@ func TestRoundTrips(t *testing.T) {
 	}
 	count("circuit try probes (a second of 2 slots)", 1, func() error {
 		r, ok, err := st.Circuits().TryProbes(ctx, "g", "p2", 0, time.Minute, 2)
-		gen = r.Generation()
+		gen, epoch = r.Generation(), r.ProbeEpoch
 		return must(ok, err, "try probes")
+	})
+	count("circuit outcome (a probe slot no longer granted: ignored)", 0, func() error {
+		r, err := st.Circuits().RecordOutcome(ctx, "g", driver.Outcome{Kind: driver.OutcomeFailure, Gen: gen, ProbeEpoch: epoch + 1, Threshold: 1})
+		return must(err == nil && r.State == driver.HalfOpen, err, "an outcome of a probe slot no longer granted")
 	})
 	count("circuit outcome (older generation: ignored)", 0, func() error {
 		_, err := st.Circuits().RecordOutcome(ctx, "g", driver.Outcome{Kind: driver.OutcomeFailure, Gen: gen - 1, Threshold: 1})
 		return err
 	})
 	count("circuit outcome (generation matches, closing)", 1, func() error {
-		r, err := st.Circuits().RecordOutcome(ctx, "g", driver.Outcome{Kind: driver.OutcomeSuccess, Gen: gen, CloseAfter: 1})
+		r, err := st.Circuits().RecordOutcome(ctx, "g", driver.Outcome{Kind: driver.OutcomeSuccess, Gen: gen, ProbeEpoch: epoch, CloseAfter: 1})
 		return must(err == nil && r.State == driver.Closed, err, "closing outcome")
 	})
 	count("circuit outcome (counted, threshold 0)", 1, func() error {

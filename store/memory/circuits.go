@@ -68,6 +68,12 @@ func otherGen(r driver.CircuitRecord, gen int64) bool {
 	return gen != driver.AnyGeneration && gen != r.Generation()
 }
 
+// otherEpoch reports whether a probe's outcome of probe epoch epoch comes
+// from a slot r no longer grants (0: not a probe).
+func otherEpoch(r driver.CircuitRecord, epoch int64) bool {
+	return epoch != 0 && epoch != r.ProbeEpoch
+}
+
 // RecordFailure adds one failure, opening the circuit at threshold or from
 // half-open; a failure of another generation changes nothing.
 func (c *circuits) RecordFailure(ctx context.Context, name string, threshold int, gen int64) (driver.CircuitRecord, error) {
@@ -90,7 +96,7 @@ func (c *circuits) RecordOutcome(ctx context.Context, name string, o driver.Outc
 	}
 	defer s.end()
 	r := load(sp, name)
-	if otherGen(r, o.Gen) {
+	if otherGen(r, o.Gen) || otherEpoch(r, o.ProbeEpoch) {
 		return r, nil
 	}
 	if r.State == driver.Closed {
@@ -181,10 +187,14 @@ func (c *circuits) TryProbes(ctx context.Context, name, owner string, openFor, l
 		r.State = driver.HalfOpen
 		resetCounts(&r)
 		r.Probes = 1
+		r.ProbeEpoch++
 	case driver.HalfOpen:
 		live := r.LiveProbes(now)
 		switch {
-		case r.ProbeOwner == owner && r.ProbeUntil.After(now):
+		case !r.ProbeUntil.After(now): // every slot lapsed: a new set
+			r.Probes = 1
+			r.ProbeEpoch++
+		case r.ProbeOwner == owner:
 			r.Probes = max(live, 1)
 		case live < int64(maxProbes):
 			r.Probes = live + 1
@@ -223,6 +233,7 @@ func (c *circuits) Set(ctx context.Context, name string, state driver.CircuitSta
 	r := load(sp, name)
 	r.State = state
 	r.ProbeOwner, r.ProbeUntil, r.Probes = "", time.Time{}, 0
+	r.ProbeEpoch++
 	resetCounts(&r)
 	switch state {
 	case driver.Closed:

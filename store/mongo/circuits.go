@@ -17,7 +17,9 @@ import (
 //
 // A circuit document: key (prefix + "circuit:" + name), namespace, state,
 // failureCount, lastFailureTime, lastSuccessTime, openedAt, probeOwner,
-// probeUntil, version, updatedAt, createdAt. Every change is one
+// probeUntil, version, updatedAt, createdAt, and the counts and probe
+// slots (successes, totalFailures, consecutiveSuccesses, intervalStart,
+// probes, probeEpoch; absent fields read 0). Every change is one
 // findOneAndUpdate with $inc/$set whose filter names the states it applies
 // to; a state transition classic operators cannot compute in one update
 // (closed → open at the threshold) is a second, disjoint filter tried when
@@ -43,6 +45,8 @@ type circDoc struct {
 	ConsecOK      int64      `bson:"consecutiveSuccesses"`
 	IntervalStart *time.Time `bson:"intervalStart"`
 	Probes        int64      `bson:"probes"`
+	// ProbeEpoch names the current set of probe slots (absent: 0).
+	ProbeEpoch int64 `bson:"probeEpoch"`
 }
 
 func (d *circDoc) record(name string) driver.CircuitRecord {
@@ -54,7 +58,7 @@ func (d *circDoc) record(name string) driver.CircuitRecord {
 		LastSuccess: utc(d.LastSuccess), OpenedAt: utc(d.OpenedAt), ProbeUntil: utc(d.ProbeUntil),
 		Version: d.Version, UpdatedAt: utc(d.UpdatedAt),
 		Successes: d.Successes, TotalFailures: d.TotalFailures, ConsecutiveSuccesses: d.ConsecOK,
-		IntervalStart: utc(d.IntervalStart), Probes: d.Probes}
+		IntervalStart: utc(d.IntervalStart), Probes: d.Probes, ProbeEpoch: d.ProbeEpoch}
 	if d.ProbeOwner != nil {
 		r.ProbeOwner = *d.ProbeOwner
 	}
@@ -74,7 +78,7 @@ type step struct {
 // fresh times) when none does; it returns the new document. op names the
 // change in the error of a change that gave up.
 func (c circuits) apply(ctx context.Context, op, name string, steps func(t time.Time) []step) (circDoc, error) {
-	d, _, err := c.applyGen(ctx, op, name, driver.AnyGeneration, steps)
+	d, _, err := c.applyGen(ctx, op, name, driver.AnyGeneration, 0, steps)
 	return d, err
 }
 
@@ -90,23 +94,28 @@ func genFilter(gen int64) bson.D {
 	return set("openedAt", time.UnixMilli(gen).UTC())
 }
 
-// applyGen is apply for an outcome of generation gen: every step's filter
-// also names the generation (a step that would insert an absent circuit
-// does so only for generation 0 or any), so each step applies atomically
-// to its generation only. When no step matches, one read tells whether
-// the outcome's generation is over (then applied=false and the current
+// applyGen is apply for an outcome of generation gen and, for a probe's
+// outcome, probe epoch epoch (0: not a probe): every step's filter also
+// names the generation and the probe epoch (a step that would insert an
+// absent circuit does so only for generation 0 or any, and never for a
+// probe), so each step applies atomically to its generation and probe
+// slots only. When no step matches, one read tells whether the outcome's
+// generation or probe slot is over (then applied=false and the current
 // document, zero if absent) or the circuit changed in between (try again).
-func (c circuits) applyGen(ctx context.Context, op, name string, gen int64, steps func(t time.Time) []step) (d circDoc, applied bool, err error) {
+func (c circuits) applyGen(ctx context.Context, op, name string, gen, epoch int64, steps func(t time.Time) []step) (d circDoc, applied bool, err error) {
 	s := c.s
 	sk := s.circPfx + name
 	gf := genFilter(gen)
+	if epoch > 0 {
+		gf = append(gf, set("probeEpoch", epoch)...)
+	}
 	for range s.tries {
 		t := now()
 		for _, st := range steps(t) {
 			s.raced("step")
 			var d circDoc
 			update := st.update
-			upsert := st.upsert && gen <= 0
+			upsert := st.upsert && gen <= 0 && epoch == 0
 			if upsert {
 				update = s.withIdent(update, sk)
 			}
@@ -121,17 +130,18 @@ func (c circuits) applyGen(ctx context.Context, op, name string, gen int64, step
 				return circDoc{}, false, ctxErr(ctx, err)
 			}
 		}
-		if gen != driver.AnyGeneration {
+		if gen != driver.AnyGeneration || epoch > 0 {
 			var cur circDoc
 			err := s.circs.FindOne(ctx, s.nsKey(sk)).Decode(&cur)
 			switch {
 			case errors.Is(err, mongo.ErrNoDocuments):
-				if gen > 0 {
+				if gen > 0 || epoch > 0 {
 					return circDoc{}, false, nil
 				}
 			case err != nil:
 				return circDoc{}, false, ctxErr(ctx, err)
-			case cur.record(name).Generation() != gen:
+			case gen != driver.AnyGeneration && cur.record(name).Generation() != gen,
+				epoch > 0 && cur.ProbeEpoch != epoch:
 				return cur, false, nil
 			}
 		}
@@ -204,7 +214,7 @@ func periodFilters(t time.Time, interval time.Duration) (running, absent, over b
 func (c circuits) RecordOutcome(ctx context.Context, name string, o driver.Outcome) (driver.CircuitRecord, error) {
 	op := map[driver.OutcomeKind]string{driver.OutcomeFailure: "recording circuit failure",
 		driver.OutcomeSuccess: "recording circuit success", driver.OutcomeNone: "recording circuit successes"}[o.Kind]
-	d, applied, err := c.applyGen(ctx, op, name, o.Gen, func(t time.Time) []step {
+	d, applied, err := c.applyGen(ctx, op, name, o.Gen, o.ProbeEpoch, func(t time.Time) []step {
 		return outcomeSteps(o, t)
 	})
 	if err != nil {
@@ -441,6 +451,9 @@ type probeStepSet struct{ due, again, free, lapsed step }
 // until, at most maxProbes live at once.
 func probeSteps(owner string, t, due, until time.Time, maxProbes int) probeStepSet {
 	grant := set("probeOwner", owner, "probeUntil", until, "updatedAt", t)
+	// The first slot (from open, or after every slot lapsed) begins a new
+	// set of slots.
+	newSet := set("version", int64(1), "probeEpoch", int64(1))
 	halfOpen := set("state", string(driver.HalfOpen))
 	live := set("probeUntil", set("$gt", t))
 	return probeStepSet{
@@ -456,7 +469,7 @@ func probeSteps(owner string, t, due, until time.Time, maxProbes int) probeStepS
 				set("state", string(driver.Open), "probeOwner", set("$ne", nil), "updatedAt", set("$lte", due)),
 			}),
 			update: bson.D{{Key: "$set", Value: cat(set("state", string(driver.HalfOpen), "probes", int64(1)), countsReset, grant)},
-				{Key: "$inc", Value: set("version", int64(1))}},
+				{Key: "$inc", Value: newSet}},
 		},
 		again: step{
 			filter: cat(halfOpen, live, set("probeOwner", owner)),
@@ -468,7 +481,7 @@ func probeSteps(owner string, t, due, until time.Time, maxProbes int) probeStepS
 		},
 		lapsed: step{
 			filter: cat(halfOpen, set("probeUntil", set("$not", set("$gt", t)))),
-			update: bson.D{{Key: "$set", Value: cat(set("probes", int64(1)), grant)}, {Key: "$inc", Value: set("version", int64(1))}},
+			update: bson.D{{Key: "$set", Value: cat(set("probes", int64(1)), grant)}, {Key: "$inc", Value: newSet}},
 		},
 	}
 }
@@ -506,7 +519,8 @@ func (c circuits) Set(ctx context.Context, name string, state driver.CircuitStat
 			ins = append(ins, bson.E{Key: "openedAt", Value: nil})
 		}
 		return []step{{
-			update: bson.D{{Key: "$set", Value: st}, {Key: "$inc", Value: set("version", int64(1))}, {Key: "$setOnInsert", Value: ins}},
+			update: bson.D{{Key: "$set", Value: st}, {Key: "$inc", Value: set("version", int64(1), "probeEpoch", int64(1))},
+				{Key: "$setOnInsert", Value: ins}},
 			upsert: true,
 		}}
 	})

@@ -156,13 +156,20 @@ func TestRoundTrips(t *testing.T) {
 	// and an operation that matches no case (an outcome of an older
 	// generation, a Trip at a stale version) ends with a read of the
 	// record it returns.
-	var gen, version int64
+	var gen, version, epoch int64
 	count("Circuits.TryProbes (a second of 2 slots)", 3, func() error {
 		r, ok, err := cb.TryProbes(ctx, "c", "p2", 0, time.Minute, 2)
 		if err == nil && !ok {
 			t.Error("the second of 2 probe slots refused")
 		}
-		gen = r.Generation()
+		gen, epoch = r.Generation(), r.ProbeEpoch
+		return err
+	})
+	count("Circuits.RecordOutcome (a probe slot no longer granted: ignored)", 3, func() error {
+		r, err := cb.RecordOutcome(ctx, "c", driver.Outcome{Kind: driver.OutcomeFailure, Gen: gen, ProbeEpoch: epoch + 1, Threshold: 1})
+		if err == nil && r.State != driver.HalfOpen {
+			t.Errorf("the outcome of a probe slot no longer granted left the circuit %s", r.State)
+		}
 		return err
 	})
 	count("Circuits.RecordOutcome (older generation: ignored)", 3, func() error {
@@ -173,7 +180,7 @@ func TestRoundTrips(t *testing.T) {
 		return err
 	})
 	count("Circuits.RecordOutcome (success, generation matches, closing)", 2, func() error {
-		r, err := cb.RecordOutcome(ctx, "c", driver.Outcome{Kind: driver.OutcomeSuccess, Gen: gen, CloseAfter: 1})
+		r, err := cb.RecordOutcome(ctx, "c", driver.Outcome{Kind: driver.OutcomeSuccess, Gen: gen, ProbeEpoch: epoch, CloseAfter: 1})
 		if err == nil && r.State != driver.Closed {
 			t.Errorf("a probe's success left the circuit %s", r.State)
 		}

@@ -24,13 +24,13 @@ type circSQL struct {
 }
 
 // named is a statement whose parameters are named in its text (:kind,
-// :b, :th, :ca, :iv, :gen, :ns, :key) and rendered as ?, in order.
+// :b, :th, :ca, :iv, :gen, :pe, :ns, :key) and rendered as ?, in order.
 type named struct {
 	query string
 	names []string
 }
 
-var paramRe = regexp.MustCompile(`:(kind|b|th|ca|iv|gen|ns|key)\b`)
+var paramRe = regexp.MustCompile(`:(kind|b|th|ca|iv|gen|pe|ns|key)\b`)
 
 func newNamed(query string) named {
 	var n named
@@ -64,17 +64,19 @@ func (c circuits) sql() *circSQL {
 }
 
 const circColumns = "`key`, state, failure_count, last_failure_time, last_success_time, opened_at, probe_owner, probe_until, version, updated_at, " +
-	"successes, total_failures, consecutive_successes, interval_start, probes"
+	"successes, total_failures, consecutive_successes, interval_start, probes, probe_epoch"
 
 // buildCircSQL renders the circuit statements for table.
 //
 // RecordOutcome is one statement (:kind: 2 failure, 1 success, 0
 // successes alone; :b: batched successes; :th: threshold, 0 never; :ca:
-// successes that close; :iv: counting interval in µs, 0 none; :gen). The
-// parameters are bound where they are used. The first assignment (of the
-// ON DUPLICATE KEY UPDATE clause, or of the plain UPDATE of a generation
-// above 0) computes, from the row as it was, every decision into
-// session variables (@w_ok: the outcome applies; @w_cl: closed; @w_ho:
+// successes that close; :iv: counting interval in µs, 0 none; :gen; :pe:
+// a probe's probe epoch, 0 for other calls). The parameters are bound
+// where they are used. The first assignment (of the ON DUPLICATE KEY
+// UPDATE clause, or of the plain UPDATE of a generation above 0 or of a
+// probe's outcome) computes, from the row as it was, every decision into
+// session variables (@w_ok: the outcome applies — its generation and
+// probe epoch are the circuit's; @w_cl: closed; @w_ho:
 // half-open; @w_ov: the counting period is over; @w_f0: the failures of
 // the running period; @w_op: it opens; @w_cs: it closes; @w_lv: a live
 // probe slot). MySQL runs the assignments left to right, each seeing the
@@ -95,6 +97,7 @@ func buildCircSQL(table string) *circSQL {
 		AND (@w_op := (:kind = 2 AND (@w_ho OR (@w_cl AND :th > 0 AND @w_f0 + 1 >= :th)))) >= 0
 		AND (@w_cs := (:kind = 1 AND @w_ho AND consecutive_successes + 1 >= GREATEST(:ca, 1))) >= 0
 		AND (@w_ok := (:gen < 0 OR COALESCE(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', opened_at) DIV 1000, 0) = :gen)
+			AND (:pe = 0 OR probe_epoch = :pe)
 			AND NOT (:kind = 0 AND NOT @w_cl))`
 	changes := `,
 	failure_count = IF(@w_ok, CASE
@@ -145,7 +148,8 @@ ON DUPLICATE KEY UPDATE
 	version = IF(` + flags + `, version + 1, version)` + changes))
 	q.outcomeGen = newNamed(r.Replace(`UPDATE {C} SET
 	version = IF(` + flags + `, version + 1, version)` + changes + `
-WHERE (namespace = :ns OR namespace = '') AND ` + "`key`" + ` = :key AND TIMESTAMPDIFF(MICROSECOND, '1970-01-01', opened_at) DIV 1000 = :gen`))
+WHERE (namespace = :ns OR namespace = '') AND ` + "`key`" + ` = :key
+	AND (:gen < 0 OR COALESCE(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', opened_at) DIV 1000, 0) = :gen)`))
 	q.trip = r.Replace(`UPDATE {C} SET state = 'open', opened_at = NOW, probe_owner = NULL, probe_until = NULL, probes = 0,
 	successes = 0, total_failures = 0, consecutive_successes = 0, version = version + 1, updated_at = NOW
 WHERE ` + kkey + ` AND state NOT IN ('open', 'half-open') AND version = ?`)
@@ -156,8 +160,11 @@ WHERE ` + kkey + ` AND state NOT IN ('open', 'half-open') AND version = ?`)
 	// Neither has one the adapter re-opened after a failed probe: it writes
 	// state 'open' and leaves opened_at and the probe columns as they
 	// were, while warden's own openings clear probe_owner; an open row
-	// with a probe owner also opened when it was last written.
+	// with a probe owner also opened when it was last written. A first
+	// slot begins a new set of slots (probe_epoch + 1); assigned first, it
+	// sees the row as it was.
 	q.probe = r.Replace(`UPDATE {C} SET
+	probe_epoch = IF(state = 'open' OR COALESCE(probe_until, '1970-01-01') <= NOW, probe_epoch + 1, probe_epoch),
 	probes = CASE
 		WHEN state = 'open' OR COALESCE(probe_until, '1970-01-01') <= NOW THEN 1
 		WHEN probe_owner = ? THEN GREATEST(probes, 1)
@@ -172,8 +179,8 @@ WHERE ` + kkey + ` AND (
 	OR (state = 'half-open' AND (COALESCE(probe_until, '1970-01-01') <= NOW OR probe_owner = ? OR probes < ?)))`)
 	q.get = r.Replace(`SELECT ` + circColumns + ` FROM {C} WHERE ` + kkey)
 	q.set = r.Replace(`INSERT INTO {C} (namespace, ` + "`key`" + `, state, failure_count, last_failure_time, last_success_time, opened_at,
-	probe_owner, probe_until, version, updated_at, successes, total_failures, consecutive_successes, interval_start, probes)
-VALUES (?, ?, ?, 0, NULL, NULL, IF(? = 'open', NOW, NULL), NULL, NULL, 1, NOW, 0, 0, 0, IF(? = 'closed', NOW, NULL), 0)
+	probe_owner, probe_until, version, updated_at, successes, total_failures, consecutive_successes, interval_start, probes, probe_epoch)
+VALUES (?, ?, ?, 0, NULL, NULL, IF(? = 'open', NOW, NULL), NULL, NULL, 1, NOW, 0, 0, 0, IF(? = 'closed', NOW, NULL), 0, 1)
 ON DUPLICATE KEY UPDATE
 	failure_count = IF(VALUES(state) = 'closed', 0, failure_count),
 	opened_at = CASE VALUES(state) WHEN 'open' THEN NOW WHEN 'closed' THEN NULL ELSE opened_at END,
@@ -182,6 +189,7 @@ ON DUPLICATE KEY UPDATE
 	probe_owner = NULL,
 	probe_until = NULL,
 	probes = 0, successes = 0, total_failures = 0, consecutive_successes = 0,
+	probe_epoch = probe_epoch + 1,
 	version = version + 1,
 	updated_at = NOW`)
 	q.list = r.Replace(`SELECT `+circColumns+` FROM {C} WHERE `+kns+` AND %s AND `) + likeCond("`key`") + " ORDER BY `key`"
@@ -195,10 +203,11 @@ func (c circuits) scan(r rowScanner) (driver.CircuitRecord, error) {
 		failures, version                int64
 		lastF, lastS, opened, until, upd sql.NullTime
 		succ, totF, consOK, probes       sql.NullInt64
+		epoch                            sql.NullInt64
 		intStart                         sql.NullTime
 	)
 	if err := r.Scan(&sk, &state, &failures, &lastF, &lastS, &opened, &probe, &until, &version, &upd,
-		&succ, &totF, &consOK, &intStart, &probes); err != nil {
+		&succ, &totF, &consOK, &intStart, &probes, &epoch); err != nil {
 		return driver.CircuitRecord{}, err
 	}
 	st := driver.CircuitState(state)
@@ -210,7 +219,7 @@ func (c circuits) scan(r rowScanner) (driver.CircuitRecord, error) {
 		LastFailure: utc(lastF), LastSuccess: utc(lastS), OpenedAt: utc(opened),
 		ProbeOwner: string(probe), ProbeUntil: utc(until), Version: version, UpdatedAt: utc(upd),
 		Successes: succ.Int64, TotalFailures: totF.Int64, ConsecutiveSuccesses: consOK.Int64,
-		IntervalStart: utc(intStart), Probes: probes.Int64,
+		IntervalStart: utc(intStart), Probes: probes.Int64, ProbeEpoch: epoch.Int64,
 	}, nil
 }
 
@@ -252,13 +261,15 @@ func (c circuits) RecordSuccess(ctx context.Context, name string, gen int64) (dr
 var outcomeKinds = map[driver.OutcomeKind]int64{driver.OutcomeNone: 0, driver.OutcomeSuccess: 1, driver.OutcomeFailure: 2}
 
 // RecordOutcome implements driver.Circuits: an upsert whose assignments
-// keep every column unless the outcome applies (generation 0 or any), or
-// an update of that generation; see buildCircSQL.
+// keep every column unless the outcome applies (generation 0 or any, not
+// a probe's), or an update of that generation and probe epoch (the
+// circuit must exist); see buildCircSQL.
 func (c circuits) RecordOutcome(ctx context.Context, name string, o driver.Outcome) (driver.CircuitRecord, error) {
 	vals := map[string]any{"kind": outcomeKinds[o.Kind], "b": max(o.Successes, 0), "th": int64(o.Threshold),
-		"ca": int64(o.CloseAfter), "iv": driver.Millis(o.Interval) * 1000, "gen": o.Gen, "ns": c.s.prefix, "key": c.s.circPfx + name}
+		"ca": int64(o.CloseAfter), "iv": driver.Millis(o.Interval) * 1000, "gen": o.Gen, "pe": o.ProbeEpoch,
+		"ns": c.s.prefix, "key": c.s.circPfx + name}
 	q := c.sql().outcome
-	if o.Gen > 0 {
+	if o.Gen > 0 || o.ProbeEpoch > 0 {
 		q = c.sql().outcomeGen
 	}
 	rec, _, err := c.write(ctx, name, q.query, q.args(vals)...)

@@ -183,7 +183,7 @@ func TestRoundTrips(t *testing.T) {
 		}
 		return err
 	})
-	var gen, version int64
+	var gen, version, epoch int64
 	count("Circuits.TryProbe", 4, func() error {
 		r, _, err := cb.TryProbe(ctx, key, "p", 0, time.Second)
 		gen = r.Generation()
@@ -193,9 +193,17 @@ func TestRoundTrips(t *testing.T) {
 	// like the others, whatever they decide: START TRANSACTION, the
 	// change, the read of the row it left, COMMIT.
 	count("Circuits.TryProbes (a second of 2 slots)", 4, func() error {
-		_, ok, err := cb.TryProbes(ctx, key, "p2", 0, time.Second, 2)
+		r, ok, err := cb.TryProbes(ctx, key, "p2", 0, time.Second, 2)
 		if err == nil && !ok {
 			t.Error("the second of 2 probe slots refused")
+		}
+		epoch = r.ProbeEpoch
+		return err
+	})
+	count("Circuits.RecordOutcome (a probe slot no longer granted: ignored)", 4, func() error {
+		r, err := cb.RecordOutcome(ctx, key, driver.Outcome{Kind: driver.OutcomeSuccess, Gen: gen, ProbeEpoch: epoch + 1})
+		if err == nil && r.State != driver.HalfOpen {
+			t.Errorf("the outcome of a probe slot no longer granted left the circuit %s", r.State)
 		}
 		return err
 	})
@@ -207,7 +215,7 @@ func TestRoundTrips(t *testing.T) {
 		return err
 	})
 	count("Circuits.RecordOutcome (success, generation matches, closing)", 4, func() error {
-		r, err := cb.RecordOutcome(ctx, key, driver.Outcome{Kind: driver.OutcomeSuccess, Gen: gen, CloseAfter: 1})
+		r, err := cb.RecordOutcome(ctx, key, driver.Outcome{Kind: driver.OutcomeSuccess, Gen: gen, ProbeEpoch: epoch, CloseAfter: 1})
 		if err == nil && r.State != driver.Closed {
 			t.Errorf("a probe's success left the circuit %s", r.State)
 		}

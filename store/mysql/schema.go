@@ -172,7 +172,10 @@ func newLayout(t Tables, coll string) []tableDef {
 			// The breaker's counts; rows of writers that do not keep them
 			// read 0.
 			intCol("successes", false), intCol("total_failures", false), intCol("consecutive_successes", false),
-			timeCol("interval_start", true), intCol("probes", false)}},
+			timeCol("interval_start", true), intCol("probes", false),
+			// The current set of probe slots (driver.CircuitRecord.ProbeEpoch);
+			// rows of writers that do not keep it read 0.
+			intCol("probe_epoch", false)}},
 		{name: t.Cache, pk: k, indexes: exp, cols: []column{ns, key,
 			jsonCol("value"), blobCol("value_bin", true), timeCol("expires_at", true), timeCol("updated_at", false)}},
 		{name: t.Idempotency, pk: nk, indexes: exp, cols: []column{ns, key,

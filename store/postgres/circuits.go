@@ -20,13 +20,13 @@ type circRow struct {
 	probe                            sql.NullString
 	failures, version                int64
 	lastF, lastS, opened, until, upd sql.NullTime
-	succ, tf, cs, probes             int64
+	succ, tf, cs, probes, epoch      int64
 	ist                              sql.NullTime
 }
 
 func (r *circRow) dest() []any {
 	return []any{&r.sk, &r.state, &r.failures, &r.lastF, &r.lastS, &r.opened, &r.probe, &r.until, &r.version, &r.upd,
-		&r.succ, &r.tf, &r.cs, &r.ist, &r.probes}
+		&r.succ, &r.tf, &r.cs, &r.ist, &r.probes, &r.epoch}
 }
 
 func (c circuits) record(r *circRow) driver.CircuitRecord {
@@ -39,6 +39,7 @@ func (c circuits) record(r *circRow) driver.CircuitRecord {
 		LastFailure: utc(r.lastF), LastSuccess: utc(r.lastS), OpenedAt: utc(r.opened),
 		ProbeOwner: r.probe.String, ProbeUntil: utc(r.until), Version: r.version, UpdatedAt: utc(r.upd),
 		Successes: r.succ, TotalFailures: r.tf, ConsecutiveSuccesses: r.cs, IntervalStart: utc(r.ist), Probes: r.probes,
+		ProbeEpoch: r.epoch,
 	}
 }
 
@@ -85,8 +86,8 @@ func (c circuits) RecordSuccess(ctx context.Context, name string, gen int64) (dr
 
 // RecordOutcome implements driver.Circuits in one statement. An outcome
 // of generation 0 or any applies to an absent circuit (creating it); one
-// of a later generation needs the circuit, so for it an empty answer
-// means another generation.
+// of a later generation, or a probe's, needs the circuit, so for it an
+// empty answer means another generation or probe epoch.
 func (c circuits) RecordOutcome(ctx context.Context, name string, o driver.Outcome) (driver.CircuitRecord, error) {
 	var kind int32
 	switch o.Kind {
@@ -99,8 +100,8 @@ func (c circuits) RecordOutcome(ctx context.Context, name string, o driver.Outco
 	if o.Interval > 0 {
 		iv = driver.Millis(o.Interval)
 	}
-	rec, _, err := c.write(ctx, name, o.Gen <= 0, c.s.q.circOutcome, c.s.prefix, c.s.circPfx+name, kind, o.Gen,
-		max(o.Successes, 0), int64(o.Threshold), int64(o.CloseAfter), iv)
+	rec, _, err := c.write(ctx, name, o.Gen <= 0 && o.ProbeEpoch == 0, c.s.q.circOutcome, c.s.prefix, c.s.circPfx+name, kind, o.Gen,
+		max(o.Successes, 0), int64(o.Threshold), int64(o.CloseAfter), iv, o.ProbeEpoch)
 	return rec, err
 }
 

@@ -194,6 +194,7 @@ type payload struct {
 	CS int64   `json:"cs"`
 	IS *int64  `json:"is"`
 	PR int64   `json:"pr"`
+	PE int64   `json:"pe"`
 }
 
 func msTime(p *int64) time.Time {
@@ -236,7 +237,7 @@ func (h *hub) handle(run *eventhub.Run, raw string) bool {
 			rec.LastFailure, rec.LastSuccess, rec.OpenedAt = msTime(p.LF), msTime(p.LS), msTime(p.OA)
 			rec.ProbeUntil = msTime(p.PU)
 			rec.Successes, rec.TotalFailures, rec.ConsecutiveSuccesses = p.SC, p.TF, p.CS
-			rec.IntervalStart, rec.Probes = msTime(p.IS), p.PR
+			rec.IntervalStart, rec.Probes, rec.ProbeEpoch = msTime(p.IS), p.PR, p.PE
 			if p.PO != nil {
 				rec.ProbeOwner = *p.PO
 			}

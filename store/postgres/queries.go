@@ -52,7 +52,7 @@ func epochMS(e string) string { return "floor(extract(epoch FROM " + e + ") * 10
 const (
 	lockCols = "owner, token, acquired_at, expires_at"
 	circCols = "key, state, failure_count, last_failure_time, last_success_time, opened_at, probe_owner, probe_until, version, updated_at, " +
-		"successes, total_failures, consecutive_successes, interval_start, probes"
+		"successes, total_failures, consecutive_successes, interval_start, probes, probe_epoch"
 	idemCols = "key, status, owner, fingerprint, result, created_at, expires_at"
 	cpCols   = "task_id, sequence, \"timestamp\", progress, data, estimated_time_remaining, token"
 	keyEq    = "namespace = $1::text AND key = $2::text"
@@ -128,19 +128,23 @@ SELECT (SELECT count(*) FROM up), (SELECT count(*) FROM ev)`)
 	// overwritten from stale values (the statement then returns no row and
 	// runs again). The generation of an outcome ($4, -1 for any) is a
 	// present circuit's opened_at in Unix milliseconds (0 if NULL), an
-	// absent one's 0; an outcome of another generation changes nothing.
+	// absent one's 0; an outcome of another generation changes nothing,
+	// and so does a probe's outcome ($9: its probe epoch, 0 for other
+	// calls) once the circuit's probe_epoch has moved on.
 	circIns := `INSERT INTO ` + C + ` AS c (namespace, key, state, failure_count, last_failure_time, last_success_time,
 		opened_at, probe_owner, probe_until, version, updated_at, successes, total_failures, consecutive_successes,
-		interval_start, probes)`
+		interval_start, probes, probe_epoch)`
 	circRet := "c.key, c.state, c.failure_count, c.last_failure_time, c.last_success_time, c.opened_at, c.probe_owner, " +
-		"c.probe_until, c.version, c.updated_at, c.successes, c.total_failures, c.consecutive_successes, c.interval_start, c.probes"
+		"c.probe_until, c.version, c.updated_at, c.successes, c.total_failures, c.consecutive_successes, c.interval_start, c.probes, " +
+		"c.probe_epoch"
 	cur := `cur AS MATERIALIZED (SELECT ` + circCols + ` FROM ` + C + ` WHERE ` + keyEq + ` FOR UPDATE)`
 	ev := `ev AS (
 	SELECT pg_notify(CHAN, json_build_object('e', 'c', 'n', $1::text, 'k', up.key, 's', up.state, 'f', up.failure_count,
 		'lf', ` + epochMS("up.last_failure_time") + `, 'ls', ` + epochMS("up.last_success_time") + `,
 		'oa', ` + epochMS("up.opened_at") + `, 'po', up.probe_owner, 'pu', ` + epochMS("up.probe_until") + `,
 		'v', up.version, 'u', ` + epochMS("up.updated_at") + `, 'sc', up.successes, 'tf', up.total_failures,
-		'cs', up.consecutive_successes, 'is', ` + epochMS("up.interval_start") + `, 'pr', up.probes)::text) FROM up
+		'cs', up.consecutive_successes, 'is', ` + epochMS("up.interval_start") + `, 'pr', up.probes,
+		'pe', up.probe_epoch)::text) FROM up
 )`
 	tail := `
 SELECT ` + circCols + `, (SELECT count(*) FROM ev) FROM up
@@ -148,7 +152,7 @@ UNION ALL
 SELECT ` + circCols + `, 0 FROM cur WHERE NOT EXISTS (SELECT 1 FROM up)`
 	// RecordOutcome: $3 kind (0 none, 1 success, 2 failure), $4
 	// generation, $5 successes, $6 threshold, $7 close-after, $8 interval
-	// (milliseconds, 0: none). The steps of driver.Circuits.RecordOutcome,
+	// (milliseconds, 0: none), $9 probe epoch (0: none). The steps of driver.Circuits.RecordOutcome,
 	// one CTE each: b the current record (no row: another generation), i
 	// the closed state's counting period and batch of successes, k whether
 	// the call opens or closes the circuit, v the new record.
@@ -159,12 +163,13 @@ b AS (
 		cur.last_failure_time AS lf, cur.last_success_time AS ls, cur.opened_at AS oa, cur.probe_owner AS po,
 		cur.probe_until AS pu, COALESCE(cur.version, 0) AS version, COALESCE(cur.successes, 0) AS succ,
 		COALESCE(cur.total_failures, 0) AS tf, COALESCE(cur.consecutive_successes, 0) AS cs, cur.interval_start AS ist,
-		COALESCE(cur.probes, 0) AS probes
+		COALESCE(cur.probes, 0) AS probes, COALESCE(cur.probe_epoch, 0) AS pe
 	FROM n LEFT JOIN cur ON true
-	WHERE $4::bigint < 0 OR COALESCE(` + epochMS("cur.opened_at") + `, 0) = $4::bigint
+	WHERE ($4::bigint < 0 OR COALESCE(` + epochMS("cur.opened_at") + `, 0) = $4::bigint)
+		AND ($9::bigint = 0 OR COALESCE(cur.probe_epoch, 0) = $9::bigint)
 ),
 i AS (
-	SELECT b.t, b.state, b.lf, b.ls, b.oa, b.po, b.pu, b.version, b.probes,
+	SELECT b.t, b.state, b.lf, b.ls, b.oa, b.po, b.pu, b.version, b.probes, b.pe,
 		CASE WHEN r.reset THEN 0 ELSE b.failures END AS failures,
 		CASE WHEN r.reset THEN 0 ELSE b.succ END + CASE WHEN b.state = 'closed' THEN $5::bigint ELSE 0 END AS succ,
 		CASE WHEN r.reset THEN 0 ELSE b.tf END AS tf,
@@ -181,7 +186,7 @@ k AS (
 	FROM i
 ),
 v AS (
-	SELECT t, version,
+	SELECT t, version, pe,
 		CASE WHEN opens THEN 'open' WHEN closes THEN 'closed' ELSE state END AS state,
 		CASE WHEN closes THEN 0 WHEN $3::int = 2 THEN failures + 1 WHEN $3::int = 1 AND state = 'closed' THEN 0
 			ELSE failures END AS failures,
@@ -203,14 +208,14 @@ v AS (
 up AS (
 	` + circIns + `
 	SELECT $1::text, $2::text, v.state, v.failures, v.lf, v.ls, v.oa, v.po, v.pu, v.version + 1, v.t, v.succ, v.tf,
-		v.cs, v.ist, v.probes FROM v
+		v.cs, v.ist, v.probes, v.pe FROM v
 	ON CONFLICT (namespace, key) DO UPDATE SET
 		state = EXCLUDED.state, failure_count = EXCLUDED.failure_count, last_failure_time = EXCLUDED.last_failure_time,
 		last_success_time = EXCLUDED.last_success_time, opened_at = EXCLUDED.opened_at,
 		probe_owner = EXCLUDED.probe_owner, probe_until = EXCLUDED.probe_until, version = EXCLUDED.version,
 		updated_at = EXCLUDED.updated_at, successes = EXCLUDED.successes, total_failures = EXCLUDED.total_failures,
 		consecutive_successes = EXCLUDED.consecutive_successes, interval_start = EXCLUDED.interval_start,
-		probes = EXCLUDED.probes
+		probes = EXCLUDED.probes, probe_epoch = EXCLUDED.probe_epoch
 	WHERE c.version = EXCLUDED.version - 1
 	RETURNING ` + circRet + `
 ),
@@ -227,13 +232,16 @@ up AS (
 ),
 ` + ev + tail)
 	// TryProbes: $3 owner, $4 openFor, $5 lease (milliseconds), $6
-	// maxProbes.
+	// maxProbes. The first slot from open, or after every slot lapsed,
+	// begins a new set (probe_epoch + 1).
 	liveProbes := "(CASE WHEN c.probe_until > n.t AND c.probes > 0 THEN c.probes ELSE 0 END)"
 	mine := "(c.probe_owner = $3::text AND c.probe_until > n.t)"
 	q.circProbes = sub(withNow + `,
 ` + cur + `,
 up AS (
 	UPDATE ` + C + ` AS c SET state = 'half-open',
+		probe_epoch = CASE WHEN c.state = 'open' OR COALESCE(c.probe_until, 'epoch') <= n.t THEN c.probe_epoch + 1
+			ELSE c.probe_epoch END,
 		successes = CASE WHEN c.state = 'open' THEN 0 ELSE c.successes END,
 		total_failures = CASE WHEN c.state = 'open' THEN 0 ELSE c.total_failures END,
 		consecutive_successes = CASE WHEN c.state = 'open' THEN 0 ELSE c.consecutive_successes END,
@@ -251,13 +259,13 @@ up AS (
 up AS (
 	` + circIns + `
 	SELECT $1::text, $2::text, $3::text, 0, NULL, NULL, CASE WHEN $3::text = 'open' THEN n.t END, NULL, NULL, 1, n.t,
-		0, 0, 0, CASE WHEN $3::text = 'closed' THEN n.t END, 0 FROM n
+		0, 0, 0, CASE WHEN $3::text = 'closed' THEN n.t END, 0, 1 FROM n
 	ON CONFLICT (namespace, key) DO UPDATE SET
 		failure_count = CASE WHEN EXCLUDED.state = 'closed' THEN 0 ELSE c.failure_count END,
 		opened_at = CASE EXCLUDED.state WHEN 'open' THEN EXCLUDED.updated_at WHEN 'closed' THEN NULL ELSE c.opened_at END,
 		interval_start = CASE WHEN EXCLUDED.state = 'closed' THEN EXCLUDED.updated_at ELSE c.interval_start END,
 		state = EXCLUDED.state,
-		probe_owner = NULL, probe_until = NULL, probes = 0,
+		probe_owner = NULL, probe_until = NULL, probes = 0, probe_epoch = c.probe_epoch + 1,
 		successes = 0, total_failures = 0, consecutive_successes = 0,
 		version = c.version + 1,
 		updated_at = EXCLUDED.updated_at

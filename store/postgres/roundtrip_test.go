@@ -72,7 +72,7 @@ func TestRoundTrips(t *testing.T) {
 		want int64
 		f    func(key string) error
 	}
-	var token, gen, version int64
+	var token, gen, version, epoch int64
 	ops := []op{
 		{"Locks.Acquire (new key)", 1, func(key string) error {
 			l, ok, err := lk.Acquire(ctx, key, "a", time.Minute)
@@ -119,9 +119,17 @@ func TestRoundTrips(t *testing.T) {
 		// The gobreaker-style operations (issue 13): each is one
 		// statement, whatever it decides.
 		{"Circuits.TryProbes (a second of 2 slots)", 1, func(key string) error {
-			_, ok, err := cb.TryProbes(ctx, key, "p2", 0, time.Second, 2)
+			r, ok, err := cb.TryProbes(ctx, key, "p2", 0, time.Second, 2)
 			if err == nil && !ok {
 				t.Errorf("%s: the second of 2 probe slots refused", key)
+			}
+			epoch = r.ProbeEpoch
+			return err
+		}},
+		{"Circuits.RecordOutcome (a probe slot no longer granted: ignored)", 1, func(key string) error {
+			r, err := cb.RecordOutcome(ctx, key, driver.Outcome{Kind: driver.OutcomeSuccess, Gen: gen, ProbeEpoch: epoch + 1})
+			if err == nil && r.State != driver.HalfOpen {
+				t.Errorf("%s: the outcome of a probe slot no longer granted left the circuit %s", key, r.State)
 			}
 			return err
 		}},
@@ -133,7 +141,7 @@ func TestRoundTrips(t *testing.T) {
 			return err
 		}},
 		{"Circuits.RecordOutcome (success, generation matches, closing)", 1, func(key string) error {
-			r, err := cb.RecordOutcome(ctx, key, driver.Outcome{Kind: driver.OutcomeSuccess, Gen: gen, CloseAfter: 1})
+			r, err := cb.RecordOutcome(ctx, key, driver.Outcome{Kind: driver.OutcomeSuccess, Gen: gen, ProbeEpoch: epoch, CloseAfter: 1})
 			if err == nil && r.State != driver.Closed {
 				t.Errorf("%s: a probe's success left the circuit %s", key, r.State)
 			}

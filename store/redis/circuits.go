@@ -12,16 +12,17 @@ import (
 // A circuit record is a hash: s state, n consecutive failures, lf last
 // failure, ls last success, op opened at, po probe owner, pu probe until,
 // v version, u updated at, sc successes, tf total failures, cs consecutive
-// successes, is interval start, pr probes (times in Unix ms, 0 for none).
+// successes, is interval start, pr probes, pe probe epoch (times in Unix
+// ms, 0 for none; absent fields read 0).
 // One script does every operation (ARGV[1] names it), so that each is one
 // atomic step decided by the server clock; it returns {code, record} with
 // the record encoded as it is published on the events channel:
 //
-//	C<s>:<n>:<lf>:<ls>:<op>:<pu>:<v>:<u>:<sc>:<tf>:<cs>:<is>:<pr>:<len(po)>:<po><name>
+//	C<s>:<n>:<lf>:<ls>:<op>:<pu>:<v>:<u>:<sc>:<tf>:<cs>:<is>:<pr>:<pe>:<len(po)>:<po><name>
 //
 // ARGV[2] is the name, ARGV[3] the channel.
 var circuitScript = newScript(`
-local F = {'s', 'n', 'lf', 'ls', 'op', 'po', 'pu', 'v', 'u', 'sc', 'tf', 'cs', 'is', 'pr'}
+local F = {'s', 'n', 'lf', 'ls', 'op', 'po', 'pu', 'v', 'u', 'sc', 'tf', 'cs', 'is', 'pr', 'pe'}
 local h = redis.call('HMGET', KEYS[1], unpack(F))
 local exists = h[1] and true or false
 local R = {}
@@ -29,8 +30,8 @@ for i, k in ipairs(F) do
 	if k == 's' then R.s = h[i] or 'closed' elseif k == 'po' then R.po = h[i] or '' else R[k] = tonumber(h[i]) or 0 end
 end
 local function enc()
-	return string.format('C%s:%d:%d:%d:%d:%d:%d:%d:%d:%d:%d:%d:%d:%d:', R.s, R.n, R.lf, R.ls, R.op, R.pu, R.v, R.u,
-		R.sc, R.tf, R.cs, R.is, R.pr, #R.po) .. R.po .. ARGV[2]
+	return string.format('C%s:%d:%d:%d:%d:%d:%d:%d:%d:%d:%d:%d:%d:%d:%d:', R.s, R.n, R.lf, R.ls, R.op, R.pu, R.v, R.u,
+		R.sc, R.tf, R.cs, R.is, R.pr, R.pe, #R.po) .. R.po .. ARGV[2]
 end
 local function save()
 	R.v = R.v + 1
@@ -58,9 +59,12 @@ if op == 'get' then
 	if exists then return {1, enc()} end
 	return {0, enc()}
 elseif op == 'outcome' then
-	-- ARGV[4] kind, [5] gen, [6] successes, [7] threshold, [8] close after, [9] interval ms
+	-- ARGV[4] kind, [5] gen, [6] successes, [7] threshold, [8] close after, [9] interval ms,
+	-- [10] probe epoch (0: not a probe)
 	local gen = tonumber(ARGV[5])
 	if gen ~= -1 and gen ~= R.op then return {0, enc()} end
+	local pe = tonumber(ARGV[10])
+	if pe ~= 0 and pe ~= R.pe then return {0, enc()} end
 	if R.s == 'closed' then
 		local iv = tonumber(ARGV[9])
 		if iv > 0 then
@@ -112,9 +116,14 @@ elseif op == 'probe' then
 		R.s = 'half-open'
 		resetCounts()
 		R.pr = 1
+		R.pe = R.pe + 1
 	elseif R.s == 'half-open' then
 		local l = live()
-		if R.po == owner and R.pu > now then
+		if R.pu <= now then
+			-- every slot lapsed: a new set of slots
+			R.pr = 1
+			R.pe = R.pe + 1
+		elseif R.po == owner then
 			if l < 1 then l = 1 end
 			R.pr = l
 		elseif l < tonumber(ARGV[7]) then
@@ -132,6 +141,7 @@ elseif op == 'set' then
 	-- ARGV[4] state
 	R.s = ARGV[4]
 	clearProbes()
+	R.pe = R.pe + 1
 	resetCounts()
 	if R.s == 'closed' then R.n = 0; R.op = 0; R.is = now elseif R.s == 'open' then R.op = now end
 	return save()
@@ -185,17 +195,17 @@ func decodeCircuitEvent(p string) (driver.CircuitRecord, bool) {
 	if !ok {
 		return driver.CircuitRecord{}, false
 	}
-	f, rest, ok := cutN(rest, 14)
+	f, rest, ok := cutN(rest, 15)
 	if !ok {
 		return driver.CircuitRecord{}, false
 	}
-	var n [13]int64
+	var n [14]int64
 	for i := range n {
 		if n[i], ok = atoi(f[i+1]); !ok {
 			return driver.CircuitRecord{}, false
 		}
 	}
-	pl := n[12]
+	pl := n[13]
 	if pl < 0 || int(pl) > len(rest) {
 		return driver.CircuitRecord{}, false
 	}
@@ -207,6 +217,7 @@ func decodeCircuitEvent(p string) (driver.CircuitRecord, bool) {
 		Name: rest[pl:], State: st, Failures: n[0], LastFailure: ms(n[1]), LastSuccess: ms(n[2]),
 		OpenedAt: ms(n[3]), ProbeOwner: rest[:pl], ProbeUntil: ms(n[4]), Version: n[5], UpdatedAt: ms(n[6]),
 		Successes: n[7], TotalFailures: n[8], ConsecutiveSuccesses: n[9], IntervalStart: ms(n[10]), Probes: n[11],
+		ProbeEpoch: n[12],
 	}, true
 }
 
@@ -230,7 +241,7 @@ func (c *circuits) RecordOutcome(ctx context.Context, name string, o driver.Outc
 		kind = 2
 	}
 	rec, _, err := c.call(ctx, "outcome", name, kind, o.Gen, max(o.Successes, 0), max(o.Threshold, 0),
-		max(o.CloseAfter, 0), driver.Millis(max(o.Interval, 0)))
+		max(o.CloseAfter, 0), driver.Millis(max(o.Interval, 0)), max(o.ProbeEpoch, 0))
 	return rec, err
 }
 

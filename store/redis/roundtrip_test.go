@@ -81,7 +81,7 @@ func TestRoundTrips(t *testing.T) {
 			ctx := t.Context()
 			tag := time.Now().Format("150405.000000")
 			key := "k" + tag
-			var token, version, gen int64
+			var token, version, gen, epoch int64
 			ops := []struct {
 				name string
 				f    func() error
@@ -104,7 +104,11 @@ func TestRoundTrips(t *testing.T) {
 				{"trip", func() error { _, _, err := st.Circuits().Trip(ctx, key, version); return err }},
 				{"tryProbes (2 slots)", func() error {
 					rec, _, err := st.Circuits().TryProbes(ctx, key, "p", 0, time.Minute, 2)
-					gen = rec.Generation()
+					gen, epoch = rec.Generation(), rec.ProbeEpoch
+					return err
+				}},
+				{"recordOutcome (a probe slot no longer granted)", func() error {
+					_, err := st.Circuits().RecordOutcome(ctx, key, driver.Outcome{Kind: driver.OutcomeSuccess, Gen: gen, ProbeEpoch: epoch + 1})
 					return err
 				}},
 				{"recordOutcome (older generation)", func() error {
@@ -112,7 +116,7 @@ func TestRoundTrips(t *testing.T) {
 					return err
 				}},
 				{"recordOutcome (generation matches)", func() error {
-					_, err := st.Circuits().RecordOutcome(ctx, key, driver.Outcome{Kind: driver.OutcomeSuccess, Gen: gen, CloseAfter: 2})
+					_, err := st.Circuits().RecordOutcome(ctx, key, driver.Outcome{Kind: driver.OutcomeSuccess, Gen: gen, ProbeEpoch: epoch, CloseAfter: 2})
 					return err
 				}},
 				{"cache set", func() error { return st.Cache().Set(ctx, key, []byte("v"), time.Minute) }},

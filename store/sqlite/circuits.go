@@ -23,10 +23,10 @@ func (c circuits) scan(r rowScanner) (driver.CircuitRecord, bool, error) {
 		lastFail, lastOK, opened, until sql.NullInt64
 		updated                         sql.NullInt64
 		succ, totF, consOK, intStart    sql.NullInt64
-		probes                          sql.NullInt64
+		probes, epoch                   sql.NullInt64
 	)
 	if err := r.Scan(&key, &state, &failures, &lastFail, &lastOK, &opened, &probeOwner, &until, &version, &updated,
-		&succ, &totF, &consOK, &intStart, &probes); err != nil {
+		&succ, &totF, &consOK, &intStart, &probes, &epoch); err != nil {
 		return driver.CircuitRecord{}, false, err
 	}
 	name, ok := strings.CutPrefix(key.String, c.s.circPfx)
@@ -51,6 +51,7 @@ func (c circuits) scan(r rowScanner) (driver.CircuitRecord, bool, error) {
 		ConsecutiveSuccesses: consOK.Int64,
 		IntervalStart:        nullMsTime(intStart),
 		Probes:               probes.Int64,
+		ProbeEpoch:           epoch.Int64,
 	}, ok, nil
 }
 
@@ -79,16 +80,18 @@ func (c circuits) RecordSuccess(ctx context.Context, name string, gen int64) (dr
 var outcomeKinds = map[driver.OutcomeKind]int64{driver.OutcomeNone: 0, driver.OutcomeSuccess: 1, driver.OutcomeFailure: 2}
 
 // RecordOutcome implements driver.Circuits in one upsert (generation 0 or
-// any) or update (a generation above 0), conditional on the generation;
-// an outcome that does not apply (another generation, or successes alone
-// on a circuit that is not closed) returns the current record.
+// any, no probe epoch) or update (a generation above 0, or a probe's
+// outcome: the circuit must exist), conditional on the generation and
+// the probe epoch; an outcome that does not apply (another generation, a
+// probe slot no longer granted, or successes alone on a circuit that is
+// not closed) returns the current record.
 func (c circuits) RecordOutcome(ctx context.Context, name string, o driver.Outcome) (driver.CircuitRecord, error) {
 	q := c.s.q.circOutcome
-	if o.Gen > 0 {
+	if o.Gen > 0 || o.ProbeEpoch > 0 {
 		q = c.s.q.circOutcomeGen
 	}
 	return c.outcome(ctx, name, q, func(now int64) []any {
-		return []any{sql.Named("key", c.s.circPfx+name), sql.Named("now", now), sql.Named("gen", o.Gen),
+		return []any{sql.Named("key", c.s.circPfx+name), sql.Named("now", now), sql.Named("gen", o.Gen), sql.Named("pe", o.ProbeEpoch),
 			sql.Named("kind", outcomeKinds[o.Kind]), sql.Named("b", max(o.Successes, 0)), sql.Named("th", int64(o.Threshold)),
 			sql.Named("ca", int64(o.CloseAfter)), sql.Named("iv", driver.Millis(o.Interval))}
 	})

@@ -40,7 +40,7 @@ func sub(c config, s string) string {
 
 const lockCols = `owner, token, acquired_at, expires_at`
 const circCols = `key, state, failure_count, last_failure_time, last_success_time, opened_at, probe_owner, probe_until, version, updated_at, ` +
-	`successes, total_failures, consecutive_successes, interval_start, probes`
+	`successes, total_failures, consecutive_successes, interval_start, probes, probe_epoch`
 const idemCols = `key, status, owner, fingerprint, result, created_at, expires_at`
 const cpCols = `task_id, sequence, timestamp, progress, data, estimated_time_remaining, token`
 
@@ -85,9 +85,12 @@ WHERE namespace = :ns AND key = :key AND released_at IS NULL AND expires_at > :n
 	// carry a generation (:gen; -1 for any): a present circuit's is
 	// COALESCE(opened_at, 0), an absent one's 0. For generations -1 and 0
 	// the outcome is an upsert whose update applies only to its generation;
-	// for a generation above 0 the circuit must exist, and it is a plain
-	// update of that generation. Either way, an outcome of another
-	// generation changes nothing and returns no row.
+	// for a generation above 0 (or a probe's outcome) the circuit must
+	// exist, and it is a plain update of that generation. A probe's
+	// outcome carries its slot's probe epoch (:pe, 0 for other calls) and
+	// applies only while it is the circuit's. Either way, an outcome of
+	// another generation or probe epoch changes nothing and returns no
+	// row.
 	// RecordOutcome is one statement: :kind is 2 for a failure, 1 for a
 	// success, 0 for successes alone (:b, batched); :th the threshold (0:
 	// never by count), :ca the successes that close a half-open circuit,
@@ -139,8 +142,9 @@ WHERE namespace = :ns AND key = :key AND released_at IS NULL AND expires_at > :n
 	updated_at = :now`
 	// Successes alone change only a closed circuit.
 	applies := ` AND NOT (:kind = 0 AND {C}.state IN ('open', 'half-open'))`
-	genUpsert := "\nWHERE (:gen < 0 OR COALESCE({C}.opened_at, 0) = :gen)" + applies + "\nRETURNING " + circCols
-	genUpdate := "\nWHERE namespace = :ns AND key = :key AND opened_at = :gen" + applies + "\nRETURNING " + circCols
+	epoch := ` AND (:pe = 0 OR {C}.probe_epoch = :pe)`
+	genUpsert := "\nWHERE (:gen < 0 OR COALESCE({C}.opened_at, 0) = :gen)" + epoch + applies + "\nRETURNING " + circCols
+	genUpdate := "\nWHERE namespace = :ns AND key = :key AND (:gen < 0 OR COALESCE(opened_at, 0) = :gen)" + epoch + applies + "\nRETURNING " + circCols
 	insOpens := `(:kind = 2 AND :th = 1)`
 	q.circOutcome = sub(c, `INSERT INTO {C} (namespace, key, state, failure_count, last_failure_time, last_success_time, opened_at, probe_owner, probe_until, version, updated_at,
 	successes, total_failures, consecutive_successes, interval_start, probes)
@@ -157,8 +161,10 @@ WHERE namespace = :ns AND key = :key AND state NOT IN ('open', 'half-open') AND 
 RETURNING `+circCols)
 	// A probe slot: open and due → half-open, the first slot; half-open
 	// with every slot lapsed → the first slot; the newest slot's holder →
-	// its slot again; a free slot among live ones → one more.
+	// its slot again; a free slot among live ones → one more. A first slot
+	// begins a new set of slots (probe_epoch + 1).
 	q.circProbe = sub(c, `UPDATE {C} SET
+	probe_epoch = CASE WHEN state = 'open' OR COALESCE(probe_until, 0) <= :now THEN probe_epoch + 1 ELSE probe_epoch END,
 	probes = CASE
 		WHEN state = 'open' OR COALESCE(probe_until, 0) <= :now THEN 1
 		WHEN probe_owner = :owner THEN MAX(probes, 1)
@@ -173,12 +179,12 @@ WHERE namespace = :ns AND key = :key AND (
 RETURNING `+circCols)
 	q.circGet = sub(c, `SELECT `+circCols+` FROM {C} WHERE namespace = :ns AND key = :key`)
 	q.circSet = sub(c, `INSERT INTO {C} (namespace, key, state, failure_count, last_failure_time, last_success_time, opened_at, probe_owner, probe_until, version, updated_at,
-	successes, total_failures, consecutive_successes, interval_start, probes)
+	successes, total_failures, consecutive_successes, interval_start, probes, probe_epoch)
 VALUES (:ns, :key, :state, 0, NULL, NULL, CASE WHEN :state = 'open' THEN :now END, NULL, NULL, 1, :now,
-	0, 0, 0, CASE WHEN :state = 'closed' THEN :now END, 0)
+	0, 0, 0, CASE WHEN :state = 'closed' THEN :now END, 0, 1)
 ON CONFLICT (namespace, key) DO UPDATE SET
 	state = :state,
-	successes = 0, total_failures = 0, consecutive_successes = 0, probes = 0,
+	successes = 0, total_failures = 0, consecutive_successes = 0, probes = 0, probe_epoch = {C}.probe_epoch + 1,
 	interval_start = CASE WHEN :state = 'closed' THEN :now ELSE {C}.interval_start END,
 	failure_count = CASE WHEN :state = 'closed' THEN 0 ELSE {C}.failure_count END,
 	opened_at = CASE WHEN :state = 'open' THEN :now WHEN :state = 'closed' THEN NULL ELSE {C}.opened_at END,

@@ -94,6 +94,8 @@ func newLayout(c config) layout {
 			{"consecutive_successes", "INTEGER NOT NULL DEFAULT 0", "INTEGER NOT NULL DEFAULT 0"},
 			{"interval_start", "INTEGER", "INTEGER"},
 			{"probes", "INTEGER NOT NULL DEFAULT 0", "INTEGER NOT NULL DEFAULT 0"},
+			// The current set of probe slots (driver.CircuitRecord.ProbeEpoch).
+			{"probe_epoch", "INTEGER NOT NULL DEFAULT 0", "INTEGER NOT NULL DEFAULT 0"},
 		}},
 		{name: K, unique: "namespace,key", suffix: "PRIMARY KEY (namespace, key)", cols: []column{
 			{"namespace", nsDecl, nsDecl},
@@ -184,19 +186,20 @@ END`, quote(L+"_warden_ev_upd"), quote(L), evCols, evCols, evCols)},
 		'opened_at', NEW.opened_at, 'probe_owner', NEW.probe_owner, 'probe_until', NEW.probe_until,
 		'version', NEW.version, 'updated_at', NEW.updated_at,
 		'successes', NEW.successes, 'total_failures', NEW.total_failures,
-		'consecutive_successes', NEW.consecutive_successes, 'interval_start', NEW.interval_start, 'probes', NEW.probes)`
+		'consecutive_successes', NEW.consecutive_successes, 'interval_start', NEW.interval_start, 'probes', NEW.probes,
+		'probe_epoch', NEW.probe_epoch)`
 	sqlNow := `CAST(unixepoch('subsec') * 1000 AS INTEGER)`
 	l.triggers = append(l.triggers,
 		triggerDef{name: C + "_warden_ev_ins", sql: fmt.Sprintf(`CREATE TRIGGER IF NOT EXISTS %s AFTER INSERT ON %s
 BEGIN
 	%s VALUES ('circuit', NEW.namespace, NEW.key, NEW.probe_owner, NEW.version, COALESCE(NEW.updated_at, %s), %s);
-END`, quote(C+"_warden_ev_ins"), quote(C), evCols, sqlNow, snap)},
+END`, quote(C+"_warden_ev_ins"), quote(C), evCols, sqlNow, snap), replace: true},
 		triggerDef{name: C + "_warden_ev_upd", sql: fmt.Sprintf(`CREATE TRIGGER IF NOT EXISTS %s AFTER UPDATE ON %s
 WHEN NEW.version IS NOT OLD.version OR NEW.state IS NOT OLD.state OR NEW.failure_count IS NOT OLD.failure_count
 	OR NEW.probe_owner IS NOT OLD.probe_owner OR NEW.probe_until IS NOT OLD.probe_until
 BEGIN
 	%s VALUES ('circuit', NEW.namespace, NEW.key, NEW.probe_owner, NEW.version, COALESCE(NEW.updated_at, %s), %s);
-END`, quote(C+"_warden_ev_upd"), quote(C), evCols, sqlNow, snap)},
+END`, quote(C+"_warden_ev_upd"), quote(C), evCols, sqlNow, snap), replace: true},
 		triggerDef{name: C + "_warden_ev_del", sql: fmt.Sprintf(`CREATE TRIGGER IF NOT EXISTS %s AFTER DELETE ON %s
 BEGIN
 	%s VALUES ('circuit-deleted', OLD.namespace, OLD.key, NULL, NULL, %s, NULL);

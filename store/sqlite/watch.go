@@ -236,6 +236,7 @@ type circuitSnapshot struct {
 	ConsecOK      int64  `json:"consecutive_successes"`
 	IntervalStart *int64 `json:"interval_start"`
 	Probes        int64  `json:"probes"`
+	ProbeEpoch    int64  `json:"probe_epoch"`
 }
 
 func optMs(p *int64) time.Time {
@@ -283,6 +284,7 @@ func (h *hub) circuitEvent(e event) (driver.CircuitRecord, bool) {
 		ConsecutiveSuccesses: snap.ConsecOK,
 		IntervalStart:        optMs(snap.IntervalStart),
 		Probes:               snap.Probes,
+		ProbeEpoch:           snap.ProbeEpoch,
 	}, true
 }
 
