@@ -79,18 +79,25 @@ func scopeGoroutines() (all, busy []string) {
 func TestNoGoroutineOutlivesRun(t *testing.T) {
 	st := quietStore(t, nil)
 	hook := &scopetest.Recorder{}
+	var held atomic.Int64 // lock tasks that got their lock
 	for round := range 20 {
 		err := scope.Run(t.Context(), func(s *scope.Scope) error {
 			for i := range 8 {
 				s.Go(func(ctx context.Context) error {
+					held.Add(1)
 					s.Go(func(ctx context.Context) error { // a task started by a task
-						<-ctx.Done()
-						return ctx.Err()
+						runtime.Gosched()
+						return nil
 					})
-					return scope.Run(ctx, func(inner *scope.Scope) error { // a nested scope
+					err := scope.Run(ctx, func(inner *scope.Scope) error { // a nested scope
 						inner.Go(func(ctx context.Context) error { <-ctx.Done(); return nil }, scope.Timeout(time.Millisecond))
 						return nil
 					})
+					if i == 0 && err == nil { // keeps lock-0 until it is lost or the scope ends
+						<-ctx.Done()
+						return ctx.Err()
+					}
+					return err
 				}, scope.Lock(fmt.Sprint("lock-", i)))
 			}
 			s.Go(func(ctx context.Context) error { return errors.New("x") },
@@ -105,7 +112,7 @@ func TestNoGoroutineOutlivesRun(t *testing.T) {
 			})
 			return nil
 		}, scope.WithStore(st), scope.WithHook(hook), scope.WithLimit(3+round%4),
-			scope.WithLockOptions(&lock.Options{TTL: 50 * time.Millisecond}))
+			scope.WithLockOptions(&lock.Options{TTL: lock.MinTTL}))
 		if err == nil {
 			t.Fatal("Run = nil, want a task's error")
 		}
@@ -115,6 +122,9 @@ func TestNoGoroutineOutlivesRun(t *testing.T) {
 		for all, _ := scopeGoroutines(); len(all) > 0; all, _ = scopeGoroutines() {
 			runtime.Gosched()
 		}
+	}
+	if held.Load() == 0 {
+		t.Fatal("no lock task ever held its lock: the check exercised no lease")
 	}
 }
 
