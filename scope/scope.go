@@ -92,9 +92,12 @@ func WithHook(h warden.Hook) Option {
 }
 
 // WithLimit lets at most n tasks of the scope run at once; the others
-// wait, in their own goroutines, for a slot (Go never blocks). 0: no
-// limit. A negative n is an error matching warden.ErrInvalidArgument.
-// A nested Run has its own limit.
+// wait, in their own goroutines, for a slot (Go never blocks). A running
+// task keeps its slot while it waits — for a lock, for another task of
+// the scope, for the scope's end — so n tasks waiting for something only
+// a queued task can bring about wait forever. 0: no limit. A negative n
+// is an error matching warden.ErrInvalidArgument. A nested Run has its
+// own limit.
 func WithLimit(n int) Option {
 	return func(c *config) {
 		if n < 0 {
