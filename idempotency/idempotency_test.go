@@ -15,6 +15,7 @@ import (
 	"github.com/warden-go/warden/driver"
 	"github.com/warden-go/warden/idempotency"
 	"github.com/warden-go/warden/internal/testkit"
+	"github.com/warden-go/warden/lock"
 	"github.com/warden-go/warden/store/memory"
 )
 
@@ -37,9 +38,9 @@ func TestConcurrentDuplicatesRunOnce(t *testing.T) {
 	var ran atomic.Int32
 	fn := func(ctx context.Context) (receipt, error) {
 		n := ran.Add(1)
-		// Stay in progress until every caller has tried to claim the key.
-		deadline := time.Now().Add(5 * time.Second)
-		for ops.Get("idempotency.claim") < callers && time.Now().Before(deadline) {
+		// Stay in progress until every caller has tried to claim the key,
+		// however long that takes: each claims at least once.
+		for ops.Get("idempotency.claim") < callers {
 			time.Sleep(time.Millisecond)
 		}
 		return receipt{ID: fmt.Sprint("r-", n), Amount: 42}, nil
@@ -183,25 +184,31 @@ func TestDeadClaimantIsTakenOver(t *testing.T) {
 	t.Parallel()
 	st := openStore(t, testkit.DBName(t), nil)
 	ctx := context.Background()
-	if _, out, err := st.Idempotency().Claim(ctx, "k", "dead-worker", 150*time.Millisecond, ""); err != nil || out != driver.Claimed {
+	dead, out, err := st.Idempotency().Claim(ctx, "k", "dead-worker", 150*time.Millisecond, "")
+	if err != nil || out != driver.Claimed {
 		t.Fatalf("claim: %v %v", out, err)
 	}
 	var ip *idempotency.InProgressError
 	if _, err := idempotency.Do(ctx, st, "k", &idemOpts{NoWait: true}, func(context.Context) (int, error) { return 0, nil }); !errors.As(err, &ip) || ip.Owner != "dead-worker" {
 		t.Fatalf("NoWait while the dead claim is live: %v", err)
 	}
-	// The waiter's back-off is far longer than the claim's lease, yet it
-	// must not sleep past the lease's end by much: it takes over well
-	// within its deadline.
+	// The waiter's back-off is an hour: without the cap at the end of the
+	// claim's lease it would sleep half an hour or more, and the test
+	// would not end.
 	var ran atomic.Int32
-	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	v, err := idempotency.Do(wctx, st, "k", &idemOpts{PollMin: time.Minute, PollMax: time.Minute}, func(context.Context) (int, error) {
+	var ranAt time.Time
+	v, err := idempotency.Do(ctx, st, "k", &idemOpts{PollMin: time.Hour, PollMax: time.Hour}, func(context.Context) (int, error) {
+		ranAt = time.Now()
 		ran.Add(1)
 		return 99, nil
 	})
 	if v != 99 || err != nil || ran.Load() != 1 {
 		t.Fatalf("takeover: %v, %v (ran %d)", v, err, ran.Load())
+	}
+	// The memory store decides by this clock, in milliseconds: the waiter
+	// cannot have the key before the dead claim's expiry.
+	if ranAt.Before(dead.ExpiresAt) {
+		t.Fatalf("fn ran at %v, before the dead claim's expiry %v", ranAt, dead.ExpiresAt)
 	}
 	rec, _, _ := st.Idempotency().Get(ctx, "k")
 	if rec.Status != driver.IdemCompleted || rec.Owner == "dead-worker" {
@@ -214,7 +221,10 @@ func TestDeadClaimantIsTakenOver(t *testing.T) {
 }
 
 // fn runs far longer than the lease: the background renewal keeps the
-// claim, duplicates never run fn, and fn's ctx stays live.
+// claim, duplicates never run fn, and fn's ctx stays live. fn works for
+// four leases and then waits until a duplicate has checked the key after
+// that, and at least five have in all, so that the checks cover the whole
+// run however slowly the machine makes them.
 func TestLongFnKeepsItsClaim(t *testing.T) {
 	t.Parallel()
 	db := testkit.DBName(t)
@@ -223,9 +233,17 @@ func TestLongFnKeepsItsClaim(t *testing.T) {
 	const lease = 200 * time.Millisecond
 	var ran atomic.Int32
 	finished := make(chan struct{})
+	outlasted := make(chan struct{}) // fn's work has outlasted four leases
+	checked := make(chan struct{})   // and duplicates checked the key after that
+	release := sync.OnceFunc(func() { close(checked) })
+	defer release()
 	fn := func(ctx context.Context) (string, error) {
-		ran.Add(1)
+		if ran.Add(1) > 1 {
+			return "again", nil // reported below: fn ran twice
+		}
 		time.Sleep(4 * lease) // the work itself outlasts the lease
+		close(outlasted)
+		<-checked
 		if err := context.Cause(ctx); err != nil {
 			return "", fmt.Errorf("fn's ctx ended: %w", err)
 		}
@@ -250,19 +268,29 @@ func TestLongFnKeepsItsClaim(t *testing.T) {
 		select {
 		case <-finished:
 			running = false
-		case <-time.After(25 * time.Millisecond):
+		case <-time.After(25 * time.Millisecond): // the checks' spacing
+			late := false
+			select {
+			case <-outlasted:
+				late = true
+			default:
+			}
 			_, err := idempotency.Do(context.Background(), other, "k", &idemOpts{NoWait: true, Lease: lease}, fn)
 			if err != nil && !errors.Is(err, idempotency.ErrInProgress) {
 				t.Fatalf("duplicate while running: %v", err)
 			}
-			checks++
+			// A second run of fn (a duplicate took the claim over)
+			// releases the first, to be reported below.
+			if checks++; (late && checks >= 5) || ran.Load() > 1 {
+				release()
+			}
 		}
 	}
 	wg.Wait()
 	if first != "done" || firstErr != nil || waited != "done" || waitErr != nil {
 		t.Fatalf("claimant: %q, %v; waiting duplicate: %q, %v", first, firstErr, waited, waitErr)
 	}
-	if n := ran.Load(); n != 1 || checks < 5 {
+	if n := ran.Load(); n != 1 {
 		t.Fatalf("fn ran %d times (%d duplicate checks)", n, checks)
 	}
 }
@@ -304,30 +332,24 @@ func TestFingerprintMismatch(t *testing.T) {
 	}
 }
 
+// A duplicate waiting for a claim ends its wait when its ctx ends, with
+// ctx's error unchanged.
 func TestCancelWhileWaiting(t *testing.T) {
 	t.Parallel()
 	st := openStore(t, testkit.DBName(t), nil)
-	if _, _, err := st.Idempotency().Claim(context.Background(), "k", "busy", time.Minute, ""); err != nil {
+	if _, _, err := st.Idempotency().Claim(context.Background(), "k", "busy", time.Hour, ""); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		// Polls far apart: the wait must end with ctx, not with a poll.
-		_, err := idempotency.Do(ctx, st, "k", &idemOpts{PollMin: time.Minute, PollMax: time.Minute}, func(context.Context) (int, error) {
-			t.Error("fn ran while another claim was live")
-			return 0, nil
-		})
-		done <- err
-	}()
-	select {
-	case err := <-done:
-		if err != context.DeadlineExceeded || err != ctx.Err() {
-			t.Fatalf("Do = %v, want ctx.Err() unchanged", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Do kept waiting after ctx ended")
+	// Polls an hour apart and a claim live for an hour: only ctx can end
+	// the wait (if it does not, the test never ends).
+	_, err := idempotency.Do(ctx, st, "k", &idemOpts{PollMin: time.Hour, PollMax: time.Hour}, func(context.Context) (int, error) {
+		t.Error("fn ran while another claim was live")
+		return 0, nil
+	})
+	if err != context.DeadlineExceeded || err != ctx.Err() {
+		t.Fatalf("Do = %v, want ctx.Err() unchanged (ctx.Err() = %v)", err, ctx.Err())
 	}
 }
 
@@ -342,15 +364,11 @@ func TestLostClaimCancelsFn(t *testing.T) {
 	var cause error
 	done := make(chan error, 1)
 	go func() {
-		_, err := idempotency.Do(ctx, st, "k", &idemOpts{Lease: 60 * time.Millisecond}, func(ctx context.Context) (int, error) {
+		_, err := idempotency.Do(ctx, st, "k", &idemOpts{Lease: idempotency.MinLease}, func(ctx context.Context) (int, error) {
 			close(started)
-			select {
-			case <-ctx.Done():
-				cause = context.Cause(ctx)
-				return 0, ctx.Err()
-			case <-time.After(5 * time.Second):
-				return 1, nil
-			}
+			<-ctx.Done() // never, if the lost claim did not cancel fn
+			cause = context.Cause(ctx)
+			return 0, ctx.Err()
 		})
 		done <- err
 	}()
@@ -367,22 +385,36 @@ func TestLostClaimCancelsFn(t *testing.T) {
 	}
 }
 
-// Renewals that keep failing: fn's ctx is cancelled before the lease can
-// have lapsed in the store.
+// Renewals that keep failing: fn's ctx is done by the claim's deadline —
+// its send time + lease − margin, by the clock — before the lease can
+// have lapsed in the store, with the renewals' error as its cause.
 func TestRenewalFailureCancelsFn(t *testing.T) {
 	t.Parallel()
 	f := &flaky{Store: testkit.MemoryDriver(testkit.DBName(t))}
 	st := openDriver(t, f, nil)
+	// A lease of a second: the first renewal is due at a third of it,
+	// and has 600 ms to fail before the deadline, so that the cause names
+	// its error.
+	const lease = time.Second
+	f.down.Store(true) // every renewal fails (the claim does not renew)
 	var cause error
-	_, err := idempotency.Do(context.Background(), st, "k", &idemOpts{Lease: 60 * time.Millisecond}, func(ctx context.Context) (int, error) {
-		f.down.Store(true)
-		select {
-		case <-ctx.Done():
-			cause = context.Cause(ctx)
-			return 0, ctx.Err()
-		case <-time.After(5 * time.Second):
-			return 1, nil
+	_, err := idempotency.Do(context.Background(), st, "k", &idemOpts{Lease: lease}, func(ctx context.Context) (int, error) {
+		// The claim was sent before fn started, so its deadline is at or
+		// before start + lease − lease/20 (the margin at this lease):
+		// from then on ctx's Err, which consults the clock, must report it.
+		limit := time.Now().Add(lease - lease/20)
+		for {
+			now := time.Now()
+			if ctx.Err() != nil { // asked at or after now
+				break
+			}
+			if !now.Before(limit) {
+				return 0, fmt.Errorf("fn's ctx live at %v, past the claim's deadline (at the latest %v)", now, limit)
+			}
+			time.Sleep(time.Millisecond)
 		}
+		cause = context.Cause(ctx)
+		return 0, ctx.Err()
 	})
 	if !errors.Is(err, idempotency.ErrLeaseLost) || !errors.Is(cause, errDown) || !errors.Is(cause, idempotency.ErrLeaseLost) {
 		t.Fatalf("Do = %v, cause = %v", err, cause)
@@ -464,6 +496,51 @@ func TestValidation(t *testing.T) {
 	// PollMin alone above the default PollMax raises PollMax with it.
 	if _, err := idempotency.Do(ctx, st, "ok", &idemOpts{PollMin: 2 * time.Second}, func(context.Context) (int, error) { return 1, nil }); err != nil {
 		t.Errorf("PollMin only: %v", err)
+	}
+}
+
+// TestMinLease: Do refuses a Lease under MinLease — lock.MinTTL, for the
+// same reason — naming the minimum, before claiming anything; 10 ms, the
+// former minimum, too. A claim with the minimum lease keeps itself: fn
+// runs while ten renewals in a row succeed, and its result is stored.
+func TestMinLease(t *testing.T) {
+	t.Parallel()
+	if idempotency.MinLease != lock.MinTTL {
+		t.Errorf("MinLease %v, want lock.MinTTL %v: claims are renewed like leases", idempotency.MinLease, lock.MinTTL)
+	}
+	ops := &testkit.OpCounter{}
+	st := openStore(t, testkit.DBName(t), ops)
+	ctx := context.Background()
+	for _, lease := range []time.Duration{time.Millisecond, 10 * time.Millisecond, idempotency.MinLease - time.Millisecond} {
+		_, err := idempotency.Do(ctx, st, "k", &idemOpts{Lease: lease}, func(context.Context) (int, error) {
+			t.Errorf("fn ran with Lease %v", lease)
+			return 0, nil
+		})
+		want := fmt.Sprintf("Lease %v is under the minimum of %v", lease, idempotency.MinLease)
+		if !errors.Is(err, warden.ErrInvalidArgument) || !strings.Contains(fmt.Sprint(err), want) {
+			t.Errorf("Lease %v: %v, want an error matching warden.ErrInvalidArgument that says %q", lease, err, want)
+		}
+		if _, _, err := idempotency.Result[int](ctx, st, "k", &idemOpts{Lease: lease}); !errors.Is(err, warden.ErrInvalidArgument) {
+			t.Errorf("Result with Lease %v: %v, want an error matching warden.ErrInvalidArgument", lease, err)
+		}
+	}
+	if n := ops.Get("idempotency.claim"); n != 0 {
+		t.Fatalf("refused leases made %d claims", n)
+	}
+	v, err := idempotency.Do(ctx, st, "k", &idemOpts{Lease: idempotency.MinLease}, func(ctx context.Context) (int, error) {
+		for ops.Get("idempotency.extend") < 10 {
+			if ctx.Err() != nil {
+				return 0, fmt.Errorf("a claim with Lease %v was lost after %d renewals: %w", idempotency.MinLease, ops.Get("idempotency.extend"), context.Cause(ctx))
+			}
+			time.Sleep(time.Millisecond)
+		}
+		return 7, nil
+	})
+	if v != 7 || err != nil {
+		t.Fatalf("Do with Lease %v = %v, %v", idempotency.MinLease, v, err)
+	}
+	if got, found, err := idempotency.Result[int](ctx, st, "k", nil); got != 7 || !found || err != nil {
+		t.Fatalf("stored result %v found=%v err=%v, want 7", got, found, err)
 	}
 }
 
@@ -571,7 +648,7 @@ func TestNoGoroutineLeaks(t *testing.T) {
 	base := runtime.NumGoroutine()
 	st := openStore(t, testkit.DBName(t), nil)
 	ctx := context.Background()
-	opts := &idemOpts{Lease: 30 * time.Millisecond, PollMin: time.Millisecond, PollMax: 5 * time.Millisecond}
+	opts := &idemOpts{Lease: idempotency.MinLease, PollMin: time.Millisecond, PollMax: 5 * time.Millisecond}
 	_, _ = idempotency.Do(ctx, st, "ok", opts, func(context.Context) (int, error) { return 1, nil })
 	_, _ = idempotency.Do(ctx, st, "ok", opts, func(context.Context) (int, error) { return 1, nil })
 	_, _ = idempotency.Do(ctx, st, "err", opts, func(context.Context) (int, error) { return 0, errBoom })
@@ -579,20 +656,15 @@ func TestNoGoroutineLeaks(t *testing.T) {
 		defer func() { _ = recover() }()
 		_, _ = idempotency.Do(ctx, st, "panic", opts, func(context.Context) (int, error) { panic("x") })
 	}()
-	_, _ = idempotency.Do(ctx, st, "slow", opts, func(context.Context) (int, error) { time.Sleep(100 * time.Millisecond); return 1, nil })
+	_, _ = idempotency.Do(ctx, st, "slow", opts, func(context.Context) (int, error) { time.Sleep(opts.Lease); return 1, nil }) // renewed meanwhile
 	_, _, _ = st.Idempotency().Claim(ctx, "busy", "other", time.Minute, "")
 	cctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
 	_, _ = idempotency.Do(cctx, st, "busy", opts, func(context.Context) (int, error) { return 1, nil })
 	cancel()
 	_, _ = idempotency.Do(ctx, st, "lost", opts, func(ctx context.Context) (int, error) {
 		_, _ = st.Idempotency().Delete(ctx, "lost")
-		select {
-		case <-ctx.Done():
-			return 0, ctx.Err()
-		case <-time.After(5 * time.Second):
-			t.Error("the lost claim did not cancel fn")
-			return 0, nil
-		}
+		<-ctx.Done() // never, if the lost claim did not cancel fn
+		return 0, ctx.Err()
 	})
 	testkit.Eventually(t, 5*time.Second, "the goroutines end", func() bool { return runtime.NumGoroutine() <= base })
 }
@@ -628,7 +700,7 @@ func (i sendTimesIdem) Claim(ctx context.Context, key, owner string, lease time.
 // duplicate can take the key over and run fn.
 func TestClaimDeadlineBeforeTakeover(t *testing.T) {
 	t.Parallel()
-	const lease = 60 * time.Millisecond
+	const lease = idempotency.MinLease // margin 5 ms
 	db := testkit.DBName(t)
 	f := &flaky{Store: testkit.MemoryDriver(db)}
 	times := &sendTimes{Store: f, sent: map[string]time.Time{}}
