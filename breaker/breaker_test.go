@@ -159,21 +159,28 @@ func TestExactlyOneProbeFleetWide(t *testing.T) {
 	openAll(t, bs)
 	time.Sleep(openFor + 50*time.Millisecond) // the open period must pass
 
-	var ran, rejected atomic.Int32
+	var ran, rejected, turnedAway atomic.Int32
 	total := int32(procs * perProc)
 	var wg sync.WaitGroup
 	for i := range total {
 		wg.Go(func() {
+			called := false
 			err := bs[int(i)%procs].Do(context.Background(), func(context.Context) error {
+				called = true
 				ran.Add(1)
-				// Hold the probe until every other caller was turned away,
-				// so that nobody could call after the circuit closed.
-				deadline := time.Now().Add(5 * time.Second)
-				for rejected.Load() < total-1 && time.Now().Before(deadline) {
+				// Hold the probe until every other call has either started
+				// its own fn or returned without running it, however long
+				// that takes, so that nobody could call after the circuit
+				// closed. (A second probe is held the same way, and both
+				// are reported below.)
+				for ran.Load()+turnedAway.Load() < total {
 					time.Sleep(time.Millisecond)
 				}
 				return nil
 			})
+			if !called {
+				turnedAway.Add(1)
+			}
 			switch {
 			case errors.Is(err, breaker.ErrOpen):
 				rejected.Add(1)

@@ -73,6 +73,23 @@ func (h *hung) checkDeadlines(t *testing.T, caller time.Time) {
 	}
 }
 
+// callerDeadline runs check with a caller whose deadline is d away, then
+// 2d, 4d, … while check reports that it could not decide: the caller's
+// own deadline passed before the call returned, on a machine too slow for
+// d (the Breaker's store budget is a fraction of the caller's time, and
+// fn needs the rest). Tests assert behaviour, not speed: a slow machine is
+// no failure. check reports real failures itself (checking first what
+// holds whatever the machine's speed, like the budgets' deadlines); the
+// doubling stops at the first. A check that never decides is reported by
+// go test's -timeout.
+func callerDeadline(t *testing.T, d time.Duration, check func(d time.Duration) (decided bool)) {
+	t.Helper()
+	for !check(d) && !t.Failed() {
+		t.Logf("the caller's deadline of %v passed before the call returned (slow machine): again with %v", d, 2*d)
+		d *= 2
+	}
+}
+
 type hungCircuits struct {
 	driver.Circuits
 	h *hung
@@ -134,52 +151,68 @@ func (c hungCircuits) Get(ctx context.Context, name string) (driver.CircuitRecor
 // A store that stops answering is not an outage of the callers: with a
 // 50 ms deadline, Do runs fn (fail-open) or rejects the call (fail-closed)
 // after store work bounded by the breaker's own budget, which ends before
-// the caller's deadline, and the breaker reports the store down.
+// the caller's deadline, and the breaker reports the store down. (On a
+// machine too slow for 50 ms, the deadline doubles until the caller's own
+// deadline no longer passes first.)
 func TestHungStoreIsNotTheCallersOutage(t *testing.T) {
 	t.Parallel()
 	for _, failClosed := range []bool{false, true} {
 		t.Run(fmt.Sprint("failClosed=", failClosed), func(t *testing.T) {
 			t.Parallel()
-			h := newHung(testkit.DBName(t), "get", "probe", "failure", "success")
-			st := testkit.Open(t, h, &warden.Options{Logger: quiet})
-			b := newBreaker(t, st, "api", &breaker.Options{FailClosed: failClosed})
-			defer close(h.release) // before the breaker's Close
-			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-			defer cancel()
-			deadline, _ := ctx.Deadline()
+			callerDeadline(t, 50*time.Millisecond, func(d time.Duration) bool {
+				h := newHung(testkit.DBName(t), "get", "probe", "failure", "success")
+				st := testkit.Open(t, h, &warden.Options{Logger: quiet})
+				b := newBreaker(t, st, "api", &breaker.Options{FailClosed: failClosed})
+				defer close(h.release) // before the breaker's Close
+				ctx, cancel := context.WithTimeout(context.Background(), d)
+				defer cancel()
+				deadline, _ := ctx.Deadline()
 
-			var ran bool
-			var fnCtxErr error
-			v, err := breaker.Call(ctx, b, func(ctx context.Context) (int, error) {
-				ran, fnCtxErr = true, ctx.Err()
-				return 42, nil
-			})
-			h.checkDeadlines(t, deadline)
-			if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
-				t.Fatalf("Do failed with the caller's own deadline: %v (ran=%v)", err, ran)
-			}
-			if s := b.Stats(); !s.StoreDown || !errors.Is(s.LastStoreError, breaker.ErrStoreTimeout) {
-				t.Fatalf("the hung store is not reported down: %+v", s)
-			}
-			if failClosed {
-				var oe *breaker.OpenError
-				if !errors.As(err, &oe) || !errors.Is(err, breaker.ErrStoreTimeout) || ran {
-					t.Fatalf("fail-closed on a hung store: err=%v ran=%v, want a rejection for the store's timeout", err, ran)
+				var ran bool
+				var fnCtxErr error
+				v, err := breaker.Call(ctx, b, func(ctx context.Context) (int, error) {
+					ran, fnCtxErr = true, ctx.Err()
+					return 42, nil
+				})
+				h.checkDeadlines(t, deadline)
+				if ctx.Err() != nil {
+					return false // the caller's deadline passed before Do returned
 				}
-				return
-			}
-			if err != nil || v != 42 || !ran || fnCtxErr != nil {
-				t.Fatalf("fail-open on a hung store: v=%d err=%v ran=%v fn's ctx=%v, want fn's result from a live ctx", v, err, ran, fnCtxErr)
-			}
+				if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+					t.Fatalf("Do failed with the caller's own deadline: %v (ran=%v)", err, ran)
+				}
+				if s := b.Stats(); !s.StoreDown || !errors.Is(s.LastStoreError, breaker.ErrStoreTimeout) {
+					t.Fatalf("the hung store is not reported down: %+v", s)
+				}
+				if failClosed {
+					var oe *breaker.OpenError
+					if !errors.As(err, &oe) || !errors.Is(err, breaker.ErrStoreTimeout) || ran {
+						t.Fatalf("fail-closed on a hung store: err=%v ran=%v, want a rejection for the store's timeout", err, ran)
+					}
+					return true
+				}
+				if err != nil || v != 42 || !ran || fnCtxErr != nil {
+					t.Fatalf("fail-open on a hung store: v=%d err=%v ran=%v fn's ctx=%v, want fn's result from a live ctx", v, err, ran, fnCtxErr)
+				}
+				return true
+			})
 		})
 	}
 }
 
 // A failure whose write the store does not answer does not hold the
-// caller: Do returns with fn's error while the write still waits, and the
-// write lands once the store answers.
+// caller: Do returns with fn's error while the write still waits (it ends
+// only when the test lets the store answer, or after the Breaker's own
+// write timeout of seconds), and the write lands once the store answers.
+// (The caller's deadline of 50 ms doubles on a machine too slow for it.)
 func TestHungOutcomeWriteIsNotLost(t *testing.T) {
 	t.Parallel()
+	callerDeadline(t, 50*time.Millisecond, func(d time.Duration) bool {
+		return hungOutcomeWriteIsNotLost(t, d)
+	})
+}
+
+func hungOutcomeWriteIsNotLost(t *testing.T, d time.Duration) (decided bool) {
 	db := testkit.DBName(t)
 	h := newHung(db, "failure")
 	st := testkit.Open(t, h, &warden.Options{Logger: quiet})
@@ -187,13 +220,23 @@ func TestHungOutcomeWriteIsNotLost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer b.Close()
+	released := false
+	defer func() {
+		if !released {
+			close(h.release)
+		}
+	}()
 	if err := b.Do(context.Background(), succeed); err != nil { // reads the record
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	if err := b.Do(ctx, fail); !errors.Is(err, errBoom) {
 		t.Fatalf("Do = %v, want fn's error", err)
+	}
+	if ctx.Err() != nil {
+		return false // the caller's deadline passed before Do returned
 	}
 	if n := h.finished.Load(); n != 0 {
 		t.Fatalf("Do returned only after its failure write ended (%d ended; the store had not answered): the caller was held by the store", n)
@@ -203,6 +246,7 @@ func TestHungOutcomeWriteIsNotLost(t *testing.T) {
 	if err := b.Flush(gone); err != context.Canceled {
 		t.Fatalf("Flush(cancelled) with a write in flight = %v, want context.Canceled", err)
 	}
+	released = true
 	close(h.release) // the store answers again
 	if err := b.Flush(context.Background()); err != nil {
 		t.Fatal(err)
@@ -216,6 +260,7 @@ func TestHungOutcomeWriteIsNotLost(t *testing.T) {
 	if s := b.Stats(); s.StoreDown || s.Failures != 1 {
 		t.Fatalf("stats after the write landed: %+v", s)
 	}
+	return true
 }
 
 // waitStoreClock waits until the store's clock (the UpdatedAt of a write)
@@ -314,52 +359,63 @@ func TestLateSuccessDoesNotCloseANewGeneration(t *testing.T) {
 // returns within it — the probe request is bounded by the breaker's
 // budget, which ends before the caller's deadline — and the call follows
 // the policy: fail-open runs fn as a local probe, fail-closed rejects it
-// for the store's timeout.
+// for the store's timeout. (The deadline doubles on a machine too slow
+// for 50 ms.)
 func TestHungProbeRequestIsNotTheCallersOutage(t *testing.T) {
 	t.Parallel()
 	for _, failClosed := range []bool{false, true} {
 		t.Run(fmt.Sprint("failClosed=", failClosed), func(t *testing.T) {
 			t.Parallel()
-			ctx := context.Background()
-			db := testkit.DBName(t)
-			const openFor = 20 * time.Millisecond
-			op := openStore(t, db, nil)
-			rec, err := op.Circuits().RecordFailure(ctx, "api", 1)
-			if err != nil || rec.State != breaker.Open {
-				t.Fatalf("opening: %+v %v", rec, err)
-			}
-			waitStoreClock(t, op, rec.OpenedAt.Add(openFor))
-
-			h := newHung(db, "probe")
-			st := testkit.Open(t, h, &warden.Options{Logger: quiet})
-			b := newBreaker(t, st, "api", &breaker.Options{OpenFor: openFor, FailClosed: failClosed})
-			defer close(h.release) // before the breaker's Close
-			cctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-			defer cancel()
-			deadline, _ := cctx.Deadline()
-
-			ran := false
-			var fnCtxErr error
-			v, err := breaker.Call(cctx, b, func(ctx context.Context) (int, error) {
-				ran, fnCtxErr = true, ctx.Err()
-				return 42, nil
+			callerDeadline(t, 50*time.Millisecond, func(d time.Duration) bool {
+				return hungProbeRequest(t, failClosed, d)
 			})
-			h.checkDeadlines(t, deadline)
-			if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
-				t.Fatalf("Do failed with the caller's own deadline: %v (ran=%v)", err, ran)
-			}
-			if s := b.Stats(); !errors.Is(s.LastStoreError, breaker.ErrStoreTimeout) {
-				t.Fatalf("the hung probe request is not counted as a store timeout: %+v", s)
-			}
-			if failClosed {
-				if !errors.Is(err, breaker.ErrOpen) || !errors.Is(err, breaker.ErrStoreTimeout) || ran {
-					t.Fatalf("fail-closed with a hung probe request: err=%v ran=%v, want a rejection for the store's timeout", err, ran)
-				}
-				return
-			}
-			if err != nil || v != 42 || !ran || fnCtxErr != nil {
-				t.Fatalf("fail-open with a hung probe request: v=%d err=%v ran=%v fn's ctx=%v, want fn run as a local probe from a live ctx", v, err, ran, fnCtxErr)
-			}
 		})
 	}
+}
+
+func hungProbeRequest(t *testing.T, failClosed bool, d time.Duration) (decided bool) {
+	ctx := context.Background()
+	db := testkit.DBName(t)
+	const openFor = 20 * time.Millisecond
+	op := openStore(t, db, nil)
+	rec, err := op.Circuits().RecordFailure(ctx, "api", 1)
+	if err != nil || rec.State != breaker.Open {
+		t.Fatalf("opening: %+v %v", rec, err)
+	}
+	waitStoreClock(t, op, rec.OpenedAt.Add(openFor))
+
+	h := newHung(db, "probe")
+	st := testkit.Open(t, h, &warden.Options{Logger: quiet})
+	b := newBreaker(t, st, "api", &breaker.Options{OpenFor: openFor, FailClosed: failClosed})
+	defer close(h.release) // before the breaker's Close
+	cctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	deadline, _ := cctx.Deadline()
+
+	ran := false
+	var fnCtxErr error
+	v, err := breaker.Call(cctx, b, func(ctx context.Context) (int, error) {
+		ran, fnCtxErr = true, ctx.Err()
+		return 42, nil
+	})
+	h.checkDeadlines(t, deadline)
+	if cctx.Err() != nil {
+		return false // the caller's deadline passed before Do returned
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		t.Fatalf("Do failed with the caller's own deadline: %v (ran=%v)", err, ran)
+	}
+	if s := b.Stats(); !errors.Is(s.LastStoreError, breaker.ErrStoreTimeout) {
+		t.Fatalf("the hung probe request is not counted as a store timeout: %+v", s)
+	}
+	if failClosed {
+		if !errors.Is(err, breaker.ErrOpen) || !errors.Is(err, breaker.ErrStoreTimeout) || ran {
+			t.Fatalf("fail-closed with a hung probe request: err=%v ran=%v, want a rejection for the store's timeout", err, ran)
+		}
+		return true
+	}
+	if err != nil || v != 42 || !ran || fnCtxErr != nil {
+		t.Fatalf("fail-open with a hung probe request: v=%d err=%v ran=%v fn's ctx=%v, want fn run as a local probe from a live ctx", v, err, ran, fnCtxErr)
+	}
+	return true
 }

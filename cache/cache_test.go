@@ -423,13 +423,11 @@ func TestCallerCancellationDoesNotCancelLoad(t *testing.T) {
 	}()
 
 	cancel()
-	select {
-	case err := <-first:
-		if !errors.Is(err, context.Canceled) {
-			t.Fatalf("cancelled caller: err = %v, want context.Canceled", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("a cancelled caller kept waiting")
+	// The load still runs (open is closed only below): a cancelled caller
+	// that kept waiting for it would never return, and the test would not
+	// end.
+	if err := <-first; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled caller: err = %v, want context.Canceled", err)
 	}
 	close(open)
 	if v := <-second; v != "v" {
@@ -799,9 +797,11 @@ func (l downLocks) Acquire(ctx context.Context, key, owner string, ttl time.Dura
 }
 
 // Issue 13: a cache outage is not a read outage. With the store failing
-// or hung, GetOrLoad loads and serves (within the caller's deadline), and
-// counts the fallback; with FailOnStoreError it returns the store's error
-// without loading.
+// or hung, GetOrLoad loads and serves, and counts the fallback; with
+// FailOnStoreError it returns the store's error without loading. The
+// caller sets no deadline: only StoreTimeout bounds the hung calls (a
+// GetOrLoad that waited for them would never return, and the test would
+// not end).
 func TestGetOrLoadWhenTheStoreIsDown(t *testing.T) {
 	d := &downStore{Store: testkit.MemoryDriver(testkit.DBName(t))}
 	st := testkit.Open(t, d, quiet)
@@ -812,20 +812,19 @@ func TestGetOrLoadWhenTheStoreIsDown(t *testing.T) {
 	for _, mode := range []string{"down", "hung"} {
 		d.down.Store(mode == "down")
 		d.hung.Store(mode == "hung")
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx := context.Background()
 		before := loads.Load()
 		v, err := c.GetOrLoad(ctx, "k-"+mode, loader)
 		if err != nil || v != "fresh" || loads.Load() != before+1 {
 			t.Fatalf("%s store: GetOrLoad = %q, %v after %d loads; want the loaded value", mode, v, err, loads.Load()-before)
 		}
-		if ctx.Err() != nil {
-			t.Fatalf("%s store: the caller's deadline passed before GetOrLoad returned", mode)
-		}
 		_, err = strict.GetOrLoad(ctx, "k-"+mode, loader)
 		if err == nil || loads.Load() != before+1 {
 			t.Fatalf("%s store with FailOnStoreError: err %v after %d loads; want the store's error, no load", mode, err, loads.Load()-before)
 		}
-		cancel()
+		if mode == "hung" && !errors.Is(err, warden.ErrStoreTimeout) {
+			t.Fatalf("hung store with FailOnStoreError: err %v, want warden.ErrStoreTimeout", err)
+		}
 	}
 	if s := c.Stats(); s.StoreFallbacks != 2 || s.Loads != 2 {
 		t.Fatalf("stats %+v: want 2 store fallbacks and 2 loads", s)

@@ -412,11 +412,7 @@ func TestLostLeaseCancelsTask(t *testing.T) {
 				return err
 			}
 			close(started)
-			select {
-			case <-ctx.Done():
-			case <-time.After(10 * time.Second):
-				return errors.New("the task's context was not cancelled when its lease was lost")
-			}
+			<-ctx.Done() // never, if the lost lease did not cancel the task
 			cause = context.Cause(ctx)
 			saveErr = cp.Save(context.Background(), 2, 20)
 			return nil // the task believes it finished
