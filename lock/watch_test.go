@@ -95,7 +95,8 @@ func (s listHangsStore) Locks() driver.Locks { return s.locks }
 // reports a failing listing: an EventsLost event whose Err matches
 // warden.ErrStoreTimeout (not the caller's deadline), once; the events go
 // on when the store answers again. Watch gives each listing a bounded
-// budget instead of waiting on the watch's own context.
+// budget instead of waiting on the watch's own context, which has no
+// deadline here: the hung listing's context must have one of its own.
 func TestPollWatchReportsHungListing(t *testing.T) {
 	db := testkit.DBName(t)
 	h := &listHangs{deadlines: make(chan time.Time, 1)}
@@ -104,7 +105,7 @@ func TestPollWatchReportsHungListing(t *testing.T) {
 		return listHangsStore{Store: d, locks: h}
 	}).locker(t, &Options{PollInterval: 5 * time.Millisecond})
 	holder := openEnv(t, db, nil).locker(t, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	events, err := w.Watch(ctx, "*")
 	if err != nil {
@@ -114,15 +115,16 @@ func TestPollWatchReportsHungListing(t *testing.T) {
 		t.Fatalf("first event %+v, want EventsLost with ErrPolled", ev)
 	}
 	h.hang.Store(true)
+	// The hung listing tells its deadline before it blocks.
+	if dl := <-h.deadlines; dl.IsZero() {
+		t.Fatal("the hung listing ran without a deadline of its own: it waits on the watch's own context")
+	}
 	ev, ok := <-events
 	if !ok {
-		t.Fatal("the watch ended without reporting the hung listing: it waited on the watch's own context")
+		t.Fatal("the watch ended without reporting the hung listing")
 	}
 	if ev.Kind != EventsLost || !errors.Is(ev.Err, warden.ErrStoreTimeout) || errors.Is(ev.Err, context.DeadlineExceeded) {
 		t.Fatalf("while the listing hangs: %+v, want EventsLost with an Err matching warden.ErrStoreTimeout", ev)
-	}
-	if dl := <-h.deadlines; dl.IsZero() {
-		t.Fatal("the hung listing ran without a deadline of its own")
 	}
 	h.hang.Store(false)
 	if _, err := holder.Acquire(ctx, "k"); err != nil {
@@ -141,7 +143,8 @@ func TestPollWatchReportsHungListing(t *testing.T) {
 
 // Watch's first listing is bounded too: a store that does not answer it
 // is an error matching warden.ErrStoreTimeout, not a Watch call that
-// waits as long as the caller's context.
+// waits as long as the caller's context (which has no deadline here: the
+// hung listing's context must have one of its own).
 func TestPollWatchFirstListingHangs(t *testing.T) {
 	h := &listHangs{deadlines: make(chan time.Time, 1)}
 	h.hang.Store(true)
@@ -149,9 +152,18 @@ func TestPollWatchFirstListingHangs(t *testing.T) {
 		h.Locks = d.Locks()
 		return listHangsStore{Store: d, locks: h}
 	}).locker(t, &Options{PollInterval: 5 * time.Millisecond})
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if _, err := w.Watch(ctx, "*"); !errors.Is(err, warden.ErrStoreTimeout) {
+	done := make(chan error, 1)
+	go func() {
+		_, err := w.Watch(ctx, "*")
+		done <- err
+	}()
+	// The hung listing tells its deadline before it blocks.
+	if dl := <-h.deadlines; dl.IsZero() {
+		t.Fatal("Watch's first listing ran without a deadline of its own: it waits on the caller's context")
+	}
+	if err := <-done; !errors.Is(err, warden.ErrStoreTimeout) {
 		t.Fatalf("Watch on a store whose listing hangs = %v, want an error matching warden.ErrStoreTimeout", err)
 	}
 }

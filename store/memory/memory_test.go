@@ -392,8 +392,10 @@ func TestConcurrentAcquire(t *testing.T) {
 	}
 }
 
+// The waits for events below set no time limit: an event that never
+// comes is reported by go test's -timeout.
 func TestWatchAcrossStores(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	name := uniqueName(t)
 	watching := New(&Options{Name: name, Prefix: "p"})
@@ -435,26 +437,22 @@ func TestWatchAcrossStores(t *testing.T) {
 		{Kind: driver.LockReleased, Key: "k", Owner: "w", Token: rec.Token},
 	}
 	for _, w := range want {
-		select {
-		case ev := <-locks:
-			if ev.Kind != w.Kind || ev.Key != w.Key || ev.Owner != w.Owner || ev.Token != w.Token || ev.At.IsZero() {
-				t.Errorf("lock event %+v, want %+v", ev, w)
-			}
-		case <-ctx.Done():
-			t.Fatalf("no lock event %v", w.Kind)
+		ev, ok := <-locks
+		if !ok {
+			t.Fatalf("the lock watch closed before the event %v", w.Kind)
+		}
+		if ev.Kind != w.Kind || ev.Key != w.Key || ev.Owner != w.Owner || ev.Token != w.Token || ev.At.IsZero() {
+			t.Errorf("lock event %+v, want %+v", ev, w)
 		}
 	}
 
 	if _, err := writer.Circuits().RecordFailure(ctx, "c", 1); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case r := <-circuits:
-		if r.Name != "c" || r.State != driver.Open || r.Version != 1 {
-			t.Errorf("circuit event %+v, want c open version 1", r)
-		}
-	case <-ctx.Done():
-		t.Fatal("no circuit event")
+	if r, ok := <-circuits; !ok {
+		t.Fatal("the circuit watch closed before the event")
+	} else if r.Name != "c" || r.State != driver.Open || r.Version != 1 {
+		t.Errorf("circuit event %+v, want c open version 1", r)
 	}
 	select {
 	case ev := <-locks:
@@ -465,8 +463,10 @@ func TestWatchAcrossStores(t *testing.T) {
 	}
 }
 
+// The waits for events below set no time limit: an event that never
+// comes is reported by go test's -timeout.
 func TestWatchEventsLost(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	st := New(nil)
 	defer st.Close()
@@ -497,50 +497,45 @@ func TestWatchEventsLost(t *testing.T) {
 	// any further event having to happen.
 	got := 0
 	for lost := false; !lost; {
-		select {
-		case ev := <-events:
-			if ev.Kind == driver.EventsLost {
-				lost = true
-				if ev.Key != "" {
-					t.Errorf("EventsLost with key %q", ev.Key)
-				}
-				continue
-			}
-			got++
-		case <-ctx.Done():
-			t.Fatalf("no EventsLost after %d events", got)
+		ev, ok := <-events
+		if !ok {
+			t.Fatalf("the lock watch closed after %d events without EventsLost", got)
 		}
+		if ev.Kind == driver.EventsLost {
+			lost = true
+			if ev.Key != "" {
+				t.Errorf("EventsLost with key %q", ev.Key)
+			}
+			continue
+		}
+		got++
 	}
 	if got == 0 || got >= 2*n {
 		t.Errorf("%d events before EventsLost, want some but not all %d", got, 2*n)
 	}
 	var last int64
 	for lost := false; !lost; {
-		select {
-		case r := <-circuits:
-			if r.Name == "" {
-				lost = true
-				continue
-			}
-			if r.Version <= last {
-				t.Errorf("circuit version %d after %d", r.Version, last)
-			}
-			last = r.Version
-		case <-ctx.Done():
-			t.Fatal("no lost marker on the circuit stream")
+		r, ok := <-circuits
+		if !ok {
+			t.Fatal("the circuit watch closed without a lost marker")
 		}
+		if r.Name == "" {
+			lost = true
+			continue
+		}
+		if r.Version <= last {
+			t.Errorf("circuit version %d after %d", r.Version, last)
+		}
+		last = r.Version
 	}
 	// Delivery resumes afterwards.
 	if _, _, err := st.Locks().Acquire(ctx, "after", "o", time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case ev := <-events:
-		if ev.Kind != driver.LockAcquired || ev.Key != "after" {
-			t.Errorf("event after EventsLost = %+v, want the acquisition of after", ev)
-		}
-	case <-ctx.Done():
-		t.Fatal("no event after EventsLost")
+	if ev, ok := <-events; !ok {
+		t.Fatal("the lock watch closed after EventsLost")
+	} else if ev.Kind != driver.LockAcquired || ev.Key != "after" {
+		t.Errorf("event after EventsLost = %+v, want the acquisition of after", ev)
 	}
 }
 
