@@ -193,28 +193,28 @@ func (c circuits) changeGen(ctx context.Context, op, name string, gen, epoch int
 			}
 			continue
 		}
-		if tried%len(variants) == 0 {
-			// Without ALL_OLD, a full round of variants failed: the item
-			// may be one our SDK retry changed. Read it.
-			it, err := s.get(ctx, "reading circuit", pk, metaSK)
-			if err != nil {
-				return driver.CircuitRecord{}, err
-			}
-			if it != nil && gS(it, aReq) == req {
-				return circRec(name, it), nil
-			}
-			if otherGen(it, gen) || otherEpoch(it, epoch) {
-				return ignored(it), nil
-			}
-			if it == nil {
-				it = item{}
-			}
-			if i = pick(it); i < 0 {
-				return ignored(it), nil
-			}
-			continue
+		// Without ALL_OLD (an endpoint that does not return the item
+		// with a failed condition), read it: the next attempt is then
+		// the variant of the state it is in — or the item is one our
+		// SDK retry changed. Trying the variants in turn instead lost
+		// every attempt when the state changed faster than a round of
+		// them (a short counting period renewed by several writers).
+		it, err := s.get(ctx, "reading circuit", pk, metaSK)
+		if err != nil {
+			return driver.CircuitRecord{}, err
 		}
-		i = (i + 1) % len(variants)
+		if it != nil && gS(it, aReq) == req {
+			return circRec(name, it), nil
+		}
+		if otherGen(it, gen) || otherEpoch(it, epoch) {
+			return ignored(it), nil
+		}
+		if it == nil {
+			it = item{}
+		}
+		if i = pick(it); i < 0 {
+			return ignored(it), nil
+		}
 	}
 	// The circuit changed state under every attempt (extremely
 	// contended).
@@ -291,9 +291,12 @@ func (c circuits) RecordOutcome(ctx context.Context, name string, o driver.Outco
 		vals[":interval"] = vN(driver.Millis(o.Interval))
 		keepPeriod, running = ", #intervalStart = if_not_exists(#intervalStart, :now)", " AND "+inPeriod
 	}
-	nowMs := nowMs()
+	// over and the picks below read the clock when they decide: an
+	// attempt is sent with a fresh now, and a loop that outlasted the
+	// period must not keep choosing the variant of a period that has
+	// since ended (whose condition then fails every time).
 	over := func(old item) bool {
-		return periods && has(old, aIntStart) && gN(old, aIntStart) <= nowMs-driver.Millis(o.Interval)
+		return periods && has(old, aIntStart) && gN(old, aIntStart) <= nowMs()-driver.Millis(o.Interval)
 	}
 	overCond := func(cond string) string {
 		if !periods {
@@ -384,7 +387,7 @@ func (c circuits) RecordOutcome(ctx context.Context, name string, o driver.Outco
 				switch {
 				case gN(old, aConsOK)+1 >= closeAfter:
 					return 2
-				case gN(old, aProbeUntil) > nowMs && gN(old, aProbes) >= 1:
+				case gN(old, aProbeUntil) > nowMs() && gN(old, aProbes) >= 1:
 					return 3
 				}
 				return 4

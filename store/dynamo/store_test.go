@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -335,5 +336,69 @@ func TestPurge(t *testing.T) {
 	// there for its own Purge.
 	if n, err := other.Purge(ctx, time.Millisecond); err != nil || n != 4 {
 		t.Errorf("other namespace's Purge(1ms) = %d, %v; want 4", n, err)
+	}
+}
+
+// TestIntervalOverDuringRetries: a failure whose attempts outlast the
+// circuit's counting period starts a new period rather than retrying the
+// old period's write until it gives up. The race hook lets the period end
+// between the store's choice of write and its send; the client returns the
+// item with a failed condition, as DynamoDB does (withAllOld).
+func TestIntervalOverDuringRetries(t *testing.T) {
+	ctx := t.Context()
+	table := testTable(t)
+	st, err := dynamo.New(newClient(t, withAllOld(t, table)), table, &dynamo.Options{Prefix: "interval:", DisableEvents: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	const interval = 20 * time.Millisecond
+	fail := driver.Outcome{Kind: driver.OutcomeFailure, Gen: driver.AnyGeneration, Interval: interval}
+	first, err := st.Driver().Circuits().RecordOutcome(ctx, "c", fail)
+	if err != nil {
+		t.Fatal(err)
+	}
+	end := first.IntervalStart.Add(interval)
+	// Every attempt is sent once the period it was chosen in has ended
+	// (the clock is the store's: the client's).
+	dynamo.SetRace(st, func(site string) {
+		if site != "step" {
+			return
+		}
+		for !time.Now().After(end) {
+			runtime.Gosched()
+		}
+		end = time.Now().Add(interval)
+	})
+	rec, err := st.Driver().Circuits().RecordOutcome(ctx, "c", fail)
+	if err != nil {
+		t.Fatalf("a failure whose period ended during its attempts: %v", err)
+	}
+	if rec.TotalFailures != 1 || !rec.IntervalStart.After(first.IntervalStart) {
+		t.Errorf("after the period ended: total failures %d from %v, want 1 in a new period after %v", rec.TotalFailures, rec.IntervalStart, first.IntervalStart)
+	}
+}
+
+// withAllOld makes a client return the item with a failed conditional
+// UpdateItem (ReturnValuesOnConditionCheckFailure ALL_OLD), which DynamoDB
+// does and dynalite does not: the item is read right after the failure,
+// so that tests reach the branches the store takes on DynamoDB.
+func withAllOld(t testing.TB, table string) func(*middleware.Stack) error {
+	reader := newClient(t)
+	return func(st *middleware.Stack) error {
+		return st.Initialize.Add(middleware.InitializeMiddlewareFunc("warden-all-old",
+			func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
+				out, md, err := next.HandleInitialize(ctx, in)
+				u, ok := in.Parameters.(*dynamodb.UpdateItemInput)
+				var ccf *types.ConditionalCheckFailedException
+				if !ok || !errors.As(err, &ccf) || ccf.Item != nil || u.ReturnValuesOnConditionCheckFailure != types.ReturnValuesOnConditionCheckFailureAllOld {
+					return out, md, err
+				}
+				got, gerr := reader.GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String(table), Key: u.Key, ConsistentRead: aws.Bool(true)})
+				if gerr == nil {
+					ccf.Item = got.Item
+				}
+				return out, md, err
+			}), middleware.Before)
 	}
 }
