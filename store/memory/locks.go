@@ -49,7 +49,7 @@ func (l *locks) Acquire(ctx context.Context, key, owner string, ttl time.Duratio
 	r := sp.locks[key]
 	switch {
 	case r == nil:
-		r = &lockRec{token: driver.TokenBase(now)}
+		r = &lockRec{token: max(driver.TokenBase(now), sp.lastToken+1)}
 		sp.locks[key] = r
 	case r.live(now) && r.owner == owner:
 		r.expiresAt = after(now, ttl)
@@ -61,6 +61,7 @@ func (l *locks) Acquire(ctx context.Context, key, owner string, ttl time.Duratio
 	}
 	r.owner, r.held, r.releasedAt = owner, true, time.Time{}
 	r.acquiredAt, r.expiresAt = now, after(now, ttl)
+	sp.lastToken = max(sp.lastToken, r.token)
 	rec := r.record(key)
 	s.notifyLock(driver.LockEvent{Kind: driver.LockAcquired, Key: key, Owner: owner, Token: r.token, At: now})
 	return rec, true, nil

@@ -180,6 +180,10 @@ type space struct {
 	idem     map[string]*driver.IdemRecord
 	tasks    map[string][]driver.Checkpoint // by task id, in sequence order
 	fences   map[string]*fence              // by task id; outlive the checkpoints
+	// lastToken is the greatest fencing token the namespace handed out:
+	// a lock record created after its key's record was purged starts
+	// above it, however soon.
+	lastToken int64
 }
 
 // space returns the namespace's records, creating them; db.mu must be held.

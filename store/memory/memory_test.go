@@ -688,3 +688,30 @@ func waitClosed[T any](t *testing.T, ch <-chan T) {
 	for range ch {
 	}
 }
+
+// TestTokensAfterPurge: a lock record purged right after its holding and
+// recreated at once (within the same millisecond) starts above every
+// token its key had.
+func TestTokensAfterPurge(t *testing.T) {
+	ctx := context.Background()
+	st := New(nil)
+	defer st.Close()
+	d := st.Driver()
+	var last int64
+	for i := range 2000 {
+		rec, ok, err := d.Locks().Acquire(ctx, "k", "a", time.Minute)
+		if err != nil || !ok {
+			t.Fatalf("round %d: ok=%v err=%v", i, ok, err)
+		}
+		if rec.Token <= last {
+			t.Fatalf("round %d: token %d after %d", i, rec.Token, last)
+		}
+		last = rec.Token
+		if ok, err := d.Locks().Release(ctx, "k", "a", rec.Token); err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+		if _, err := d.(driver.Purger).Purge(ctx, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
