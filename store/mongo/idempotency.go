@@ -44,8 +44,14 @@ type idemDoc struct {
 	Value     bson.RawValue `bson:"value"`
 }
 
-// foreign reports whether d is a record of the go-go-scope adapter.
-func (d *idemDoc) foreign() bool { return d.Namespace == nil && d.Status == "" }
+// foreign reports whether d holds a result the go-go-scope adapter
+// stored: its own record, or warden's pending claim that the adapter's
+// set (an upsert by key) wrote its value into. warden's own pending claims
+// never have a value (a claim removes it), so a value there is the
+// adapter's result.
+func (d *idemDoc) foreign() bool {
+	return (d.Namespace == nil && d.Status == "") || (d.Status == string(driver.IdemPending) && d.Value.Type != 0)
+}
 
 func str(p *string) string {
 	if p == nil {
@@ -118,7 +124,7 @@ func (i idempotency) Claim(ctx context.Context, key, owner string, lease time.Du
 		if d.ExpiresAt != nil && !d.ExpiresAt.After(t) {
 			continue // lapsed meanwhile
 		}
-		if d.Status == string(driver.IdemCompleted) {
+		if d.Status == string(driver.IdemCompleted) || d.foreign() {
 			return d.record(key), driver.Completed, nil
 		}
 		if str(d.Owner) != owner {

@@ -841,6 +841,18 @@ func testMixedIdempotency(t *testing.T, mongoPaths bool) {
 		t.Error("the adapter's record is still there after Delete")
 	}
 
+	// The adapter's set lands on a warden claim in progress (an upsert by
+	// key): its result is the key's, for warden too — never a claim in
+	// progress forever (the adapter gives no expiry).
+	if _, out, err := id.Claim(ctx, "p", "go", time.Minute, ""); err != nil || out != driver.Claimed {
+		t.Fatalf("Claim: %v %v", out, err)
+	}
+	n.must("idemSet", map[string]any{"key": "p", "value": map[string]any{"node": true}}, nil)
+	rec, out, err = id.Claim(ctx, "p", "go2", time.Minute, "")
+	if err != nil || out != driver.Completed || string(rec.Result) != `{"node":true}` {
+		t.Errorf("Claim of a key whose claim the adapter completed: %v %s %v; want Completed with its value", out, rec.Result, err)
+	}
+
 	// warden → Node: the completed result, natively.
 	if _, out, err := id.Claim(ctx, "w", "go", time.Minute, ""); err != nil || out != driver.Claimed {
 		t.Fatalf("Claim: %v %v", out, err)
