@@ -53,8 +53,16 @@ func (s *store) retentionTTL(ms int64) int64 {
 // Acquire forms: the condition and version update of a takeover, by what
 // the item is.
 const (
-	// formWarden: absent, or warden's item released or expired.
+	// formWarden: absent, or warden's item released or expired, whose
+	// version is below TokenBaseMicro(now) (or absent): the token is the
+	// base. Tokens are max(version + 1, base), as on the SQL stores, so
+	// a version another program lowered (a PutItem of the layout, an
+	// UpdateItem) never makes a token go backwards.
 	formWarden = iota
+	// formWardenHigh: warden's item released or expired, whose version is
+	// at or above TokenBaseMicro(now) (a holding that began within the
+	// last fraction of a microsecond): version + 1.
+	formWardenHigh
 	// formNode: a go-go-scope item, expired by its seconds, whose version
 	// is below TokenBase(now) (or absent).
 	formNode
@@ -71,14 +79,17 @@ func acquireForm(f int) (cond, version string) {
 		return nodeExpired + " AND (attribute_not_exists(#version) OR #version < :base1)", ":base1"
 	case formNodeHigh:
 		return nodeExpired + " AND #version >= :base1", "#version + :one"
+	case formWardenHigh:
+		return "(attribute_exists(#releasedAt) OR #expiresAtMs <= :now) AND #version >= :base1", "#version + :one"
 	}
-	return "attribute_not_exists(#pk) OR attribute_exists(#releasedAt) OR #expiresAtMs <= :now", "if_not_exists(#version, :base) + :one"
+	return "(attribute_not_exists(#pk) OR attribute_exists(#releasedAt) OR #expiresAtMs <= :now) AND " +
+		"(attribute_not_exists(#version) OR #version < :base1)", ":base1"
 }
 
 // Acquire implements driver.Locks with one conditional UpdateItem: it
 // applies when the item is absent, released or expired (by the client's
-// clock) and starts a new holding with token version+1, or TokenBase(now)
-// for a new item. When the condition fails, the endpoint returns the
+// clock) and starts a new holding with token max(version+1,
+// TokenBaseMicro(now)) (formWarden, formWardenHigh). When the condition fails, the endpoint returns the
 // holder (ALL_OLD), or one consistent GetItem reads it; if the holder is
 // owner itself, a second conditional update renews its holding and keeps
 // its token. On endpoints without ALL_OLD, a store that found the lock
@@ -123,7 +134,7 @@ func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 		req := reqID()
 		base := driver.TokenBaseMicro(t)
 		vals := item{":o": vS(owner), ":now": vN(now), ":nowSec": vN(now / 1000), ":exp": vN(exp), ":ttl": vN(s.retentionTTL(exp)),
-			":base": vN(base - 1), ":base1": vN(base), ":one": vN(1), ":req": vS(req)}
+			":base1": vN(base), ":one": vN(1), ":req": vS(req)}
 		cond, version := acquireForm(form)
 		upd := "SET #owner = :o, #version = " + version + ", #acquiredAt = :now, #expiresAtMs = :exp, " +
 			"#expiresAt = :ttl, #updatedAt = :now, #req = :req" + s.evSet(s.lockEvt, now, req, vals) + " REMOVE #releasedAt"
@@ -154,6 +165,8 @@ func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 			if has(old, aVersion) && gN(old, aVersion) >= driver.TokenBaseMicro(t) {
 				form = formNodeHigh
 			}
+		} else if old != nil && !lockLive(old, now) && has(old, aVersion) && gN(old, aVersion) >= driver.TokenBaseMicro(t) {
+			form = formWardenHigh
 		}
 		if lockLive(old, now) {
 			rec := lockRec(key, old)

@@ -311,3 +311,40 @@ func TestMixedFleetTokensAfterForeignDelete(t *testing.T) {
 		n.release("t", rec.Owner)
 	}
 }
+
+// TestMixedFleetVersionRewritten: another program lowering the version of
+// a released warden lock item (an UpdateItem, or a PutItem of the layout
+// that replaces it) never makes warden's next token smaller.
+func TestMixedFleetVersionRewritten(t *testing.T) {
+	n, st := mixedFleet(t)
+	l := st.Locks()
+	var last int64
+	for i, rewrite := range []string{"SET #v = :zero", "SET #v = :one", "REMOVE #v"} {
+		rec, ok, err := l.Acquire(t.Context(), "v", "go", time.Minute)
+		if err != nil || !ok {
+			t.Fatalf("round %d: ok=%v err=%v", i, ok, err)
+		}
+		if rec.Token <= last {
+			t.Fatalf("round %d (after %q): token %d after %d", i, rewrite, rec.Token, last)
+		}
+		last = rec.Token
+		if ok, err := l.Release(t.Context(), "v", "go", rec.Token); err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+		in := &dynamodb.UpdateItemInput{TableName: &n.table, Key: n.key("LOCK#" + mixedPrefix + "lock:v"),
+			UpdateExpression: aws.String(rewrite), ExpressionAttributeNames: map[string]string{"#v": "version"}}
+		switch rewrite {
+		case "SET #v = :zero":
+			in.ExpressionAttributeValues = map[string]types.AttributeValue{":zero": nN(0)}
+		case "SET #v = :one":
+			in.ExpressionAttributeValues = map[string]types.AttributeValue{":one": nN(1)}
+		}
+		if _, err := n.c.UpdateItem(t.Context(), in); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rec, ok, err := l.Acquire(t.Context(), "v", "go", time.Minute)
+	if err != nil || !ok || rec.Token <= last {
+		t.Fatalf("after the last rewrite: token %d (ok=%v err=%v), previous %d", rec.Token, ok, err, last)
+	}
+}
