@@ -38,6 +38,17 @@ const (
 	// withNow fixes the statement's time: n.t in milliseconds, n.c the
 	// same instant in microseconds.
 	withNow = "WITH n AS MATERIALIZED (SELECT date_trunc('milliseconds', c.c) AS t, c.c FROM (SELECT clock_timestamp() AS c) c)"
+	// withKeyLockNow is withNow read only once the statement holds a
+	// transaction-scoped advisory lock on the record's key (in warden's
+	// own two-key space, class advisoryClass): two acquires of one key
+	// read their clocks in the order they write, so a holding that began
+	// and ended — and whose row another program deleted — while an
+	// acquire waited cannot have a token above the one that acquire
+	// writes.
+	withKeyLockNow = "WITH g AS MATERIALIZED (SELECT pg_advisory_xact_lock(" + advisoryClass + ", hashtext($1::text || $2::text))), " +
+		"n AS MATERIALIZED (SELECT date_trunc('milliseconds', c.c) AS t, c.c FROM (SELECT clock_timestamp() AS c FROM g) c)"
+	// advisoryClass is the first key of warden's advisory locks ("ward").
+	advisoryClass = "2002874980"
 	// tokenSQL is driver.TokenBaseMicro of n.c: Unix ms × 4096 plus the
 	// microseconds within the millisecond × 4096 / 1000.
 	tokenSQL = "(floor(extract(epoch FROM n.t) * 1000)::bigint * 4096 + (extract(microseconds FROM n.c)::bigint % 1000) * 4096 / 1000)"
@@ -75,7 +86,7 @@ func buildQueries(t Tables, ident func(string) string, channel string) queries {
 	// ----- locks
 	// A holding is live while expires_at is in the future; Release moves
 	// expires_at back to the release time, so released rows are not live.
-	q.lockAcquire = sub(withNow + `,
+	q.lockAcquire = sub(withKeyLockNow + `,
 cur AS MATERIALIZED (SELECT ` + lockCols + ` FROM ` + L + ` WHERE ` + keyEq + ` FOR UPDATE),
 up AS (
 	INSERT INTO ` + L + ` AS l (namespace, key, owner, token, created_at, acquired_at, expires_at, released_at, updated_at)

@@ -7,6 +7,8 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -423,5 +425,76 @@ func TestTokensAfterForeignDelete(t *testing.T) {
 		}
 		last = rec.Token
 		mustExec(t, pool, `DELETE FROM `+schema+`.go_goscope_locks`)
+	}
+}
+
+// TestTokensWhileAnotherProgramDeletes: four acquirers take one key in
+// turn while another program deletes every released row as fast as it
+// can; each holder checks, while it holds the key, that its token is
+// above every earlier holder's. An acquire that read its clock, then
+// waited while a whole holding began and ended and its row was deleted,
+// would recreate the row below that holding's token.
+func TestTokensWhileAnotherProgramDeletes(t *testing.T) {
+	pool := rawPool(t)
+	schema := testSchema(t, pool)
+	ctx := t.Context()
+	var (
+		mu    sync.Mutex
+		last  int64
+		bad   []string
+		done  atomic.Bool
+		wg    sync.WaitGroup
+		count atomic.Int64
+	)
+	const holdings = 1500
+	for w := range 4 {
+		p, err := pgxpool.New(ctx, drivertest.ServerURL(t, "postgres", "WARDEN_TEST_POSTGRES_URL"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		st, err := postgres.New(p, &postgres.Options{Schema: schema, Prefix: "del:"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		wg.Go(func() {
+			owner := fmt.Sprint("w", w)
+			for !done.Load() {
+				rec, ok, err := st.Locks().Acquire(ctx, "k", owner, time.Minute)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if !ok {
+					continue
+				}
+				mu.Lock()
+				if rec.Token <= last {
+					bad = append(bad, fmt.Sprintf("%s got %d after %d", owner, rec.Token, last))
+				}
+				last = rec.Token
+				mu.Unlock()
+				if count.Add(1) >= holdings {
+					done.Store(true)
+				}
+				if _, err := st.Locks().Release(ctx, "k", owner, rec.Token); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Go(func() {
+		for !done.Load() {
+			if _, err := pool.Exec(ctx, `DELETE FROM `+schema+`.go_goscope_locks WHERE expires_at <= clock_timestamp()`); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	})
+	wg.Wait()
+	if len(bad) > 0 {
+		t.Errorf("%d of %d holdings got a token not above the previous holder's, e.g. %v", len(bad), count.Load(), bad[:min(len(bad), 5)])
 	}
 }
