@@ -179,10 +179,17 @@ func (i idempotency) pending(key, owner string) bson.D {
 	return append(i.s.nsKey(i.s.prefix+key), bson.E{Key: "status", Value: string(driver.IdemPending)}, bson.E{Key: "owner", Value: owner})
 }
 
+// ownClaim is owner's pending claim of key, unless the go-go-scope
+// adapter wrote its result into it (foreign): Extend and Abandon leave
+// that result alone; Complete still writes the claimant's own.
+func (i idempotency) ownClaim(key, owner string) bson.D {
+	return append(i.pending(key, owner), bson.E{Key: "value", Value: set("$exists", false)})
+}
+
 // Extend implements driver.Idempotency.
 func (i idempotency) Extend(ctx context.Context, key, owner string, lease time.Duration) (bool, error) {
 	t := now()
-	res, err := i.s.idem.UpdateOne(ctx, i.pending(key, owner), bson.D{{Key: "$set", Value: set("expiresAt", after(t, lease), "updatedAt", t)}})
+	res, err := i.s.idem.UpdateOne(ctx, i.ownClaim(key, owner), bson.D{{Key: "$set", Value: set("expiresAt", after(t, lease), "updatedAt", t)}})
 	if err != nil {
 		return false, ctxErr(ctx, err)
 	}
@@ -202,7 +209,7 @@ func (i idempotency) Complete(ctx context.Context, key, owner string, result []b
 
 // Abandon implements driver.Idempotency.
 func (i idempotency) Abandon(ctx context.Context, key, owner string) (bool, error) {
-	res, err := i.s.idem.DeleteOne(ctx, i.pending(key, owner))
+	res, err := i.s.idem.DeleteOne(ctx, i.ownClaim(key, owner))
 	if err != nil {
 		return false, ctxErr(ctx, err)
 	}

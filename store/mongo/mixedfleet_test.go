@@ -852,6 +852,13 @@ func testMixedIdempotency(t *testing.T, mongoPaths bool) {
 	if err != nil || out != driver.Completed || string(rec.Result) != `{"node":true}` {
 		t.Errorf("Claim of a key whose claim the adapter completed: %v %s %v; want Completed with its value", out, rec.Result, err)
 	}
+	// The claimant giving up leaves the adapter's result.
+	if ok, err := id.Abandon(ctx, "p", "go"); err != nil || ok {
+		t.Errorf("Abandon of a claim the adapter completed: %v %v; want false (the result stays)", ok, err)
+	}
+	if g, ok, err := id.Get(ctx, "p"); err != nil || !ok || string(g.Result) != `{"node":true}` {
+		t.Errorf("after Abandon: %+v %v %v; want the adapter's result", g, ok, err)
+	}
 
 	// warden → Node: the completed result, natively.
 	if _, out, err := id.Claim(ctx, "w", "go", time.Minute, ""); err != nil || out != driver.Claimed {
