@@ -160,8 +160,8 @@ func TestScriptsNeverResent(t *testing.T) {
 
 // TestCallsEndAtTheirDeadline: a call to a server that stops answering ends
 // at its context's deadline, not at the client's read timeout (an hour
-// here): it returns context.DeadlineExceeded, and only once its context
-// says that the deadline has passed. (Without context timeouts it would
+// here): it returns context.DeadlineExceeded, and not before the
+// deadline. (Without context timeouts it would
 // wait for the hour: go test's -timeout reports that.)
 func TestCallsEndAtTheirDeadline(t *testing.T) {
 	ctx := context.Background()
@@ -183,8 +183,11 @@ func TestCallsEndAtTheirDeadline(t *testing.T) {
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("err %v, want context.DeadlineExceeded", err)
 	}
-	if cctx.Err() != context.DeadlineExceeded {
-		t.Errorf("the call returned %v while its context was live (Err %v): it did not wait for its deadline", err, cctx.Err())
+	// The connection's read deadline is the context's: it may fire a
+	// moment before the context's own timer marks it done, so the clock,
+	// not cctx.Err(), says whether the call waited for its deadline.
+	if dl, _ := cctx.Deadline(); time.Now().Before(dl) {
+		t.Errorf("the call returned %v before its context's deadline: it did not wait for it", err)
 	}
 }
 
