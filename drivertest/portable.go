@@ -251,7 +251,10 @@ func (s *suite) smokeCache(t *testing.T) {
 	const callers = 10
 	var caches [2]*cache.Cache[string]
 	for i := range caches {
-		c, err := cache.New[string](st, &cache.Options{TTL: time.Minute, PollMax: 50 * time.Millisecond})
+		// A store slower than the default StoreTimeout counts as down,
+		// and a Cache then loads without the lease (by design); a slow
+		// test server must not pass for that here.
+		c, err := cache.New[string](st, &cache.Options{TTL: time.Minute, PollMax: 50 * time.Millisecond, StoreTimeout: time.Minute})
 		fatalIf(t, "cache.New", err)
 		t.Cleanup(func() { c.Close() })
 		caches[i] = c

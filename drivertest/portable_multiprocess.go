@@ -391,7 +391,11 @@ func childCacheLoad(ctx context.Context, st *warden.Store, cfg childConfig, res 
 	runs := filepath.Join(cfg.Dir, runsFile)
 	var caches [2]*cache.Cache[string]
 	for i := range caches {
-		c, err := cache.New[string](st, &cache.Options{TTL: time.Minute, LoadLease: 10 * time.Second, PollMax: 50 * time.Millisecond})
+		// StoreTimeout: a store slower than the default counts as down, and
+		// a Cache then loads without the lease (by design); a loaded test
+		// server must not pass for that here.
+		c, err := cache.New[string](st, &cache.Options{TTL: time.Minute, LoadLease: 10 * time.Second, PollMax: 50 * time.Millisecond,
+			StoreTimeout: time.Minute})
 		if err != nil {
 			fail("cache.New: %v", err)
 			return
