@@ -900,22 +900,30 @@ func (s *suite) breakerHungStore(t *testing.T) {
 			fatalIf(t, "breaker.New", err)
 			defer b.Close()
 			defer close(h.release)
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			defer cancel()
-			deadline, _ := ctx.Deadline()
-			ran := false
-			var fnCtxErr error
-			v, err := breaker.Call(ctx, b, func(ctx context.Context) (int, error) {
-				ran, fnCtxErr = true, ctx.Err()
-				return 42, nil
-			})
-			h.checkDeadlines(t, deadline)
+			v, err, ran, fnCtxErr := callHung(t, b, h)
 			if st := b.Stats(); !st.StoreDown {
 				t.Fatalf("the hung store is not reported down: %+v", st)
 			}
 			wantHungPolicy(t, b, failClosed, v, err, ran, fnCtxErr)
 		})
 	}
+}
+
+// callHung makes one call through b, whose store h hangs, with a 2 s
+// deadline, and checks that every store call h saw had a deadline no later
+// than the caller's. It returns the call's result, whether fn ran and the
+// error of fn's context when it ran.
+func callHung(t *testing.T, b *breaker.Breaker, h *hungDriver) (v int, err error, ran bool, fnCtxErr error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	t.Cleanup(cancel) // live until the test's checks are done, as the caller's would be
+	deadline, _ := ctx.Deadline()
+	v, err = breaker.Call(ctx, b, func(ctx context.Context) (int, error) {
+		ran, fnCtxErr = true, ctx.Err()
+		return 42, nil
+	})
+	h.checkDeadlines(t, deadline)
+	return v, err, ran, fnCtxErr
 }
 
 // breakerHungProbe: on an open circuit whose open period has passed, only
@@ -940,16 +948,7 @@ func (s *suite) breakerHungProbe(t *testing.T) {
 			fatalIf(t, "breaker.New", err)
 			defer b.Close()
 			defer close(h.release)
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			defer cancel()
-			deadline, _ := ctx.Deadline()
-			ran := false
-			var fnCtxErr error
-			v, err := breaker.Call(ctx, b, func(ctx context.Context) (int, error) {
-				ran, fnCtxErr = true, ctx.Err()
-				return 42, nil
-			})
-			h.checkDeadlines(t, deadline)
+			v, err, ran, fnCtxErr := callHung(t, b, h)
 			wantHungPolicy(t, b, failClosed, v, err, ran, fnCtxErr)
 		})
 	}

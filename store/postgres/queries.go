@@ -37,7 +37,10 @@ const (
 	nowSQL = "date_trunc('milliseconds', clock_timestamp())"
 	// withNow fixes the statement's time: n.t in milliseconds, n.c the
 	// same instant in microseconds.
-	withNow = "WITH n AS MATERIALIZED (SELECT date_trunc('milliseconds', c.c) AS t, c.c FROM (SELECT clock_timestamp() AS c) c)"
+	withNow = "WITH " + nowCTE + ") c)"
+	// nowCTE is the n of withNow, its clock read in a subquery that the
+	// caller closes (and may give a FROM clause first).
+	nowCTE = "n AS MATERIALIZED (SELECT date_trunc('milliseconds', c.c) AS t, c.c FROM (SELECT clock_timestamp() AS c"
 	// withKeyLockNow is withNow read only once the statement holds a
 	// transaction-scoped advisory lock on the record's key (in warden's
 	// own two-key space, class advisoryClass): two acquires of one key
@@ -46,7 +49,7 @@ const (
 	// acquire waited cannot have a token above the one that acquire
 	// writes.
 	withKeyLockNow = "WITH g AS MATERIALIZED (SELECT pg_advisory_xact_lock(" + advisoryClass + ", hashtext($1::text || $2::text))), " +
-		"n AS MATERIALIZED (SELECT date_trunc('milliseconds', c.c) AS t, c.c FROM (SELECT clock_timestamp() AS c FROM g) c)"
+		nowCTE + " FROM g) c)"
 	// advisoryClass is the first key of warden's advisory locks ("ward").
 	advisoryClass = "2002874980"
 	// tokenSQL is driver.TokenBaseMicro of n.c: Unix ms × 4096 plus the

@@ -189,18 +189,25 @@ func TestAdoptRefusesBeforeChanging(t *testing.T) {
 	}
 }
 
-// TestTokensNeverGoBack: whatever another writer does to a lock row —
-// resets its token, deletes it — the next holding's token is greater
-// than every token handed out before.
-func TestTokensNeverGoBack(t *testing.T) {
+// tokenStore returns a raw pool, a fresh schema and a store in it
+// (namespace "tok:"), closed when t ends.
+func tokenStore(t *testing.T) (*pgxpool.Pool, string, *warden.Store) {
 	pool := rawPool(t)
 	schema := testSchema(t, pool)
-	ctx := context.Background()
 	st, err := postgres.New(pool, &postgres.Options{Schema: schema, Prefix: "tok:"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer st.Close()
+	t.Cleanup(func() { st.Close() })
+	return pool, schema, st
+}
+
+// TestTokensNeverGoBack: whatever another writer does to a lock row —
+// resets its token, deletes it — the next holding's token is greater
+// than every token handed out before.
+func TestTokensNeverGoBack(t *testing.T) {
+	pool, schema, st := tokenStore(t)
+	ctx := context.Background()
 	var last int64
 	take := func(what string) {
 		t.Helper()
@@ -406,14 +413,8 @@ func TestStrictIsolationSessions(t *testing.T) {
 // to or below the previous one, though the row is recreated within the
 // same millisecond of server time.
 func TestTokensAfterForeignDelete(t *testing.T) {
-	pool := rawPool(t)
-	schema := testSchema(t, pool)
+	pool, schema, st := tokenStore(t)
 	ctx := context.Background()
-	st, err := postgres.New(pool, &postgres.Options{Schema: schema, Prefix: "tok:"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
 	var last int64
 	for i := range 2000 {
 		rec, ok, err := st.Locks().Acquire(ctx, "k", fmt.Sprint("w", i), time.Minute)
