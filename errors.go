@@ -67,7 +67,7 @@ type Error struct {
 func (e *Error) Error() string {
 	s := "warden: " + e.Store + " " + e.Op
 	if e.Key != "" {
-		s += " " + strconv.Quote(e.Key)
+		s += " " + quoteArg(e.Key)
 	}
 	return s + ": " + strings.TrimPrefix(e.Err.Error(), "warden: ")
 }
@@ -100,9 +100,28 @@ func ValidateKey(key string) error {
 func ParsePattern(s string) (driver.Pattern, error) {
 	p, err := driver.ParsePattern(s)
 	if err != nil {
-		return p, fmt.Errorf("%w: %q (a '\\' must be followed by the character it escapes)", ErrInvalidPattern, s)
+		return p, fmt.Errorf("%w: %s (a '\\' must be followed by the character it escapes)", ErrInvalidPattern, quoteArg(s))
 	}
 	return p, nil
+}
+
+// maxQuoted is how many bytes of an over-long key or pattern a message
+// shows.
+const maxQuoted = 64
+
+// quoteArg quotes a key or pattern for a message. One longer than any valid
+// key (driver.MaxKeyBytes) shows as its first 64 bytes, cut on a character
+// boundary, and its length — "abc"…(10240 bytes), as the CLI writes it —
+// so that a huge argument gives a short message.
+func quoteArg(s string) string {
+	if len(s) <= driver.MaxKeyBytes {
+		return strconv.Quote(s)
+	}
+	n := maxQuoted
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return strconv.Quote(s[:n]) + fmt.Sprintf("…(%d bytes)", len(s))
 }
 
 // contextErr returns ctx's error if err was caused by ctx ending.

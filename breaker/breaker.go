@@ -24,6 +24,13 @@
 // SyncInterval late (on stores without notifications), during which it may
 // still admit calls to a circuit another process has just opened.
 //
+// The common calls do not even take the Breaker's lock: a call on a
+// circuit the local view holds closed, a call rejected on one it holds
+// open before the next probe is due, and a closed call's success that
+// needs no write read an immutable snapshot of the view with one atomic
+// load, allocate nothing and read the clock at most once. The snapshot is
+// exactly as fresh as the view (see the design notes, docs/design.md).
+//
 // # States
 //
 // Closed: calls run; each failure is recorded in the store, and the
@@ -182,7 +189,9 @@ var ErrOpen = errors.New("breaker: circuit open")
 // It is warden.ErrStoreTimeout, shared with cache and lock.
 var ErrStoreTimeout = warden.ErrStoreTimeout
 
-// OpenError is the error of a rejected call. It matches ErrOpen.
+// OpenError is the error of a rejected call. It matches ErrOpen. The calls
+// rejected on one view of the circuit may share one *OpenError (a
+// rejection allocates nothing): treat it as read-only.
 type OpenError struct {
 	// Name is the circuit's name.
 	Name string
@@ -315,6 +324,17 @@ type Options struct {
 	// quick and must not call Close. A panic in it is logged (to the
 	// store's logger) and goes no further.
 	OnStateChange func(name string, from, to State)
+	// Observe, if set, is told of every call the Breaker admits or
+	// rejects and of every change of its view's state (see Observation),
+	// for telemetry: otelwarden.Telemetry.Breaker is one. Calls and
+	// rejections are reported on the caller's goroutine with its context,
+	// after the fact; state changes as OnStateChange is called (in
+	// order, one at a time, from whichever goroutine observed the change)
+	// with context.Background(). No lock of the Breaker is held. It must
+	// be quick, safe for concurrent use, and must not call the Breaker; a
+	// panic in a state change's report is logged like OnStateChange's.
+	// Nil: nothing is observed, at no cost.
+	Observe func(ctx context.Context, o Observation)
 	// Owner identifies this Breaker as prober in the shared record. A
 	// random suffix per Breaker and a number per probe are added, so two
 	// Breakers never share a probe slot even with the same Owner. "":
@@ -367,10 +387,12 @@ type Breaker struct {
 	isFailure   func(error) bool
 	failClosed  bool
 	onChange    func(string, State, State)
+	observe     func(context.Context, Observation)
 	canWatch    bool
 	storeTime   time.Duration
 
 	probeSeq atomic.Uint64
+	snap     atomic.Pointer[snapshot] // the local view's verdict (fastpath.go)
 
 	calls, successes, failures, ignored  atomic.Int64
 	rejections, probesGranted, storeErrs atomic.Int64
@@ -488,6 +510,7 @@ func New(st *warden.Store, name string, opts *Options) (*Breaker, error) {
 		isFailure:   o.IsFailure,
 		failClosed:  o.FailClosed,
 		onChange:    o.OnStateChange,
+		observe:     o.Observe,
 		canWatch:    circ.CanWatch(),
 		storeTime:   o.StoreTimeout,
 		state:       Closed,
@@ -545,21 +568,41 @@ func Call[T any](ctx context.Context, b *Breaker, fn func(ctx context.Context) (
 	}
 	t, err := b.admit(ctx)
 	if err != nil {
+		if b.observe != nil {
+			b.observeRejection(ctx, err)
+		}
 		return zero, err
 	}
 	b.calls.Add(1)
+	var start time.Time
+	var ran time.Duration
+	if b.observe != nil {
+		start = time.Now()
+	}
 	returned := false
 	defer func() {
 		if !returned { // fn panicked: a failure; the panic goes on
+			if b.observe != nil && ran == 0 {
+				ran = time.Since(start)
+			}
 			b.finish(ctx, t, outcomeFailure)
+			if b.observe != nil {
+				b.observeCall(ctx, t, outcomeFailure, ran, nil)
+			}
 		}
 	}()
 	v, err := fn(ctx)
+	if b.observe != nil {
+		ran = time.Since(start)
+	}
 	// classify runs IsFailure: a panic in it is also a failure (the
 	// deferred finish records it), and the panic goes on from Call.
 	out := b.classify(ctx, err)
 	returned = true
 	b.finish(ctx, t, out)
+	if b.observe != nil {
+		b.observeCall(ctx, t, out, ran, err)
+	}
 	return v, err
 }
 
@@ -570,7 +613,7 @@ func (b *Breaker) State(ctx context.Context) (State, error) {
 	b.startWatch()
 	err := b.read(ctx)
 	b.mu.Lock()
-	defer b.mu.Unlock()
+	defer b.unlockMu()
 	return b.state, err
 }
 
@@ -579,7 +622,7 @@ func (b *Breaker) State(ctx context.Context) (State, error) {
 func (b *Breaker) read(ctx context.Context) error {
 	b.mu.Lock()
 	start := b.seq
-	b.mu.Unlock()
+	b.unlockMu()
 	sctx, cancel := b.storeCtx(ctx)
 	rec, _, err := b.circ.Get(sctx, b.name)
 	cancel()
@@ -622,7 +665,7 @@ func (b *Breaker) storeErrLocked(sctx context.Context, err error) error {
 // Stats returns the Breaker's counters and local view. It does no I/O.
 func (b *Breaker) Stats() Stats {
 	b.mu.Lock()
-	defer b.mu.Unlock()
+	defer b.unlockMu()
 	return Stats{
 		State:          b.state,
 		Failures:       b.fails,
@@ -646,7 +689,7 @@ func (b *Breaker) Close() error {
 	b.mu.Lock()
 	b.closed = true
 	cancel := b.cancel
-	b.mu.Unlock()
+	b.unlockMu()
 	if cancel != nil {
 		cancel()
 	}
@@ -663,11 +706,11 @@ func (b *Breaker) Close() error {
 func (b *Breaker) Flush(ctx context.Context) error {
 	b.mu.Lock()
 	if b.writers == 0 {
-		b.mu.Unlock()
+		b.unlockMu()
 		return nil
 	}
 	ch := b.drained
-	b.mu.Unlock()
+	b.unlockMu()
 	select {
 	case <-ch:
 		return nil
@@ -722,6 +765,9 @@ func (b *Breaker) classify(ctx context.Context, err error) outcome {
 // admit decides whether a call may run: the returned error is ErrOpen's
 // or ctx's.
 func (b *Breaker) admit(ctx context.Context) (ticket, error) {
+	if t, ok, err := b.fastAdmit(); ok {
+		return t, err
+	}
 	b.startWatch()
 	if err := b.maybeSync(ctx); err != nil {
 		return ticket{}, err
@@ -735,7 +781,7 @@ func (b *Breaker) admit(ctx context.Context) (ticket, error) {
 	}
 	if b.state == Closed {
 		gen := b.rec.Generation()
-		b.mu.Unlock()
+		b.unlockMu()
 		return ticket{kind: normalCall, gen: gen}, nil
 	}
 	// Open or half-open: only a probe may run, one at a time per Breaker.
@@ -749,7 +795,7 @@ func (b *Breaker) admit(ctx context.Context) (ticket, error) {
 		// call is a local probe. (The periodic read finds out when the
 		// store answers again.)
 		b.probing++
-		b.mu.Unlock()
+		b.unlockMu()
 		return ticket{kind: localProbe}, nil
 	}
 	id := b.chain
@@ -759,7 +805,7 @@ func (b *Breaker) admit(ctx context.Context) (ticket, error) {
 	}
 	b.probing++
 	start := b.seq
-	b.mu.Unlock()
+	b.unlockMu()
 
 	sctx, cancel := b.storeCtx(ctx)
 	rec, granted, err := b.circ.TryProbes(sctx, b.name, id, b.openFor, b.probeLease, b.probes)
@@ -828,10 +874,13 @@ func (b *Breaker) finish(ctx context.Context, t ticket, out outcome) {
 			if t.kind == probeCall {
 				b.chain = t.id
 			}
-			b.mu.Unlock()
+			b.unlockMu()
 		}
 	case outcomeSuccess:
 		b.successes.Add(1)
+		if t.kind == normalCall && b.quietSuccess() {
+			return // nothing to write (see succeeded)
+		}
 		b.succeeded(ctx, t)
 	case outcomeFailure:
 		b.failures.Add(1)
@@ -854,12 +903,12 @@ func (b *Breaker) succeeded(ctx context.Context, t ticket) {
 			if b.readyToTrip != nil && b.state == Closed {
 				b.unflushed++
 			}
-			b.mu.Unlock()
+			b.unlockMu()
 			return
 		}
 		if !failing && b.storeDown {
 			b.forgetFailuresLocked()
-			b.mu.Unlock()
+			b.unlockMu()
 			return
 		}
 	case localProbe:
@@ -888,7 +937,7 @@ func (b *Breaker) succeeded(ctx context.Context, t ticket) {
 		b.storeOKLocked()
 		b.applyLocked(rec, start, fromWrite)
 	})
-	b.mu.Unlock()
+	b.unlockMu()
 	b.await(ctx, w, func(w *outWrite) {
 		if t.kind == normalCall {
 			b.forgetFailuresLocked()
@@ -903,7 +952,7 @@ func (b *Breaker) failed(ctx context.Context, t ticket) {
 		if b.state != Closed {
 			// A late failure of a call admitted before the circuit
 			// opened: nothing new to record.
-			b.mu.Unlock()
+			b.unlockMu()
 			return
 		}
 		if b.storeDown || len(b.queue) >= maxQueuedWrites {
@@ -943,7 +992,7 @@ func (b *Breaker) failed(ctx context.Context, t ticket) {
 		b.storeOKLocked()
 		b.applyLocked(rec, start, fromWrite)
 	})
-	b.mu.Unlock()
+	b.unlockMu()
 	b.await(ctx, w, func(w *outWrite) {
 		if t.kind == normalCall && b.state == Closed {
 			// Counted now, so that the policy applies to it; the store
@@ -1011,6 +1060,9 @@ func (b *Breaker) issueLocked(ctx context.Context, success bool, op func(wctx co
 			}
 		}
 		b.writers--
+		// Those waiting for the write see its result on the fast paths
+		// too (they need not take b.mu).
+		b.publishLocked()
 		if b.writers == 0 {
 			close(b.drained)
 		}
@@ -1041,7 +1093,7 @@ func (b *Breaker) runWrites(w *outWrite) {
 		} else {
 			b.runners--
 		}
-		b.mu.Unlock()
+		b.unlockMu()
 	}
 }
 
@@ -1285,31 +1337,32 @@ func (b *Breaker) setStateLocked(to State) {
 		return
 	}
 	b.state = to
-	if b.onChange != nil {
+	if b.onChange != nil || b.observe != nil {
 		b.pending = append(b.pending, transition{from, to})
 	}
 }
 
-// unlock releases b.mu and then makes the queued OnStateChange calls,
+// unlock releases b.mu and then makes the queued OnStateChange (and
+// Observe) calls,
 // unless another goroutine is already making them (it will make these
 // too). Calls are thus made in order, one at a time, without b.mu held.
 func (b *Breaker) unlock() {
 	if b.delivering || len(b.pending) == 0 {
-		b.mu.Unlock()
+		b.unlockMu()
 		return
 	}
 	b.delivering = true
 	for len(b.pending) > 0 {
 		batch := b.pending
 		b.pending = nil
-		b.mu.Unlock()
+		b.unlockMu()
 		for _, tr := range batch {
 			b.stateChanged(tr)
 		}
 		b.mu.Lock()
 	}
 	b.delivering = false
-	b.mu.Unlock()
+	b.unlockMu()
 }
 
 // stateChanged calls OnStateChange; a panic in it is logged and goes no
@@ -1318,12 +1371,25 @@ func (b *Breaker) unlock() {
 // process, or from a caller's in the middle of the Breaker's bookkeeping
 // (a probe slot just granted), which a panic would leave unfinished.
 func (b *Breaker) stateChanged(tr transition) {
+	if b.onChange != nil {
+		b.contain("OnStateChange", tr, func() { b.onChange(b.name, tr.from, tr.to) })
+	}
+	if b.observe != nil {
+		b.contain("Observe", tr, func() {
+			b.observe(context.Background(), Observation{Kind: ObservedStateChange, Circuit: b.name, From: tr.from, To: tr.to})
+		})
+	}
+}
+
+// contain calls f, logging a panic in it (a callback named what, told of
+// tr) instead of letting it go further.
+func (b *Breaker) contain(what string, tr transition, f func()) {
 	defer func() {
 		if r := recover(); r != nil {
-			b.log.Error("breaker: OnStateChange panicked", "circuit", b.name, "from", string(tr.from), "to", string(tr.to), "panic", r)
+			b.log.Error("breaker: "+what+" panicked", "circuit", b.name, "from", string(tr.from), "to", string(tr.to), "panic", r)
 		}
 	}()
-	b.onChange(b.name, tr.from, tr.to)
+	f()
 }
 
 func (b *Breaker) storeFailedLocked(err error) {
@@ -1358,7 +1424,7 @@ func (b *Breaker) maybeSync(ctx context.Context) error {
 	due := b.resyncing || b.lastSync.IsZero() ||
 		((!b.watching || b.storeDown) && now.Sub(b.lastSync) >= b.syncEvery)
 	if !due || b.syncing {
-		b.mu.Unlock()
+		b.unlockMu()
 		return nil
 	}
 	prevSync, prevResync := b.lastSync, b.resyncing
@@ -1372,7 +1438,7 @@ func (b *Breaker) maybeSync(ctx context.Context) error {
 		flush = driver.Outcome{Kind: driver.OutcomeNone, Gen: b.rec.Generation(), Successes: b.unflushed, Interval: b.interval}
 		b.unflushed = 0
 	}
-	b.mu.Unlock()
+	b.unlockMu()
 
 	sctx, cancel := b.storeCtx(ctx)
 	var rec driver.CircuitRecord
@@ -1407,7 +1473,7 @@ func (b *Breaker) startWatch() {
 		return
 	}
 	b.mu.Lock()
-	defer b.mu.Unlock()
+	defer b.unlockMu()
 	if b.started || b.closed {
 		return
 	}
@@ -1440,7 +1506,7 @@ func (b *Breaker) watch(ctx context.Context) {
 		backoff = 100 * time.Millisecond
 		b.mu.Lock()
 		b.watching = true
-		b.mu.Unlock()
+		b.unlockMu()
 		// Changes made before the subscription began were not delivered:
 		// read the record now.
 		b.resync(ctx)
@@ -1457,7 +1523,7 @@ func (b *Breaker) watch(ctx context.Context) {
 		b.mu.Lock()
 		b.watching = false
 		b.resyncing = true
-		b.mu.Unlock()
+		b.unlockMu()
 		if ctx.Err() != nil || b.st.Closed() {
 			return
 		}
@@ -1473,7 +1539,7 @@ func (b *Breaker) resync(ctx context.Context) {
 	if err := b.read(ctx); err != nil {
 		b.mu.Lock()
 		b.resyncing = true
-		b.mu.Unlock()
+		b.unlockMu()
 	}
 }
 

@@ -130,6 +130,15 @@ type Options struct {
 	// only keys under it. "": the store's whole cache namespace. With a
 	// Prefix, Clear deletes entries one by one.
 	Prefix string
+	// Observe, if set, is told of every lookup, load, wait for another
+	// caller's load, store error and store fallback of this Cache (see
+	// Observation), for telemetry: otelwarden.Telemetry.Cache is one. It
+	// is called after the fact, on the goroutine that saw it — the
+	// caller's, or the one running a load — with the caller's context
+	// (context.Background() for store errors) and no lock of the Cache
+	// held. It must be quick, safe for concurrent use, and must neither
+	// panic nor call the Cache. Nil: nothing is observed, at no cost.
+	Observe func(ctx context.Context, o Observation)
 }
 
 // Stats counts a Cache's outcomes since it was created.
@@ -243,6 +252,9 @@ func (c *Cache[T]) Close() error {
 func (c *Cache[T]) count(err error) {
 	if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
 		c.errs.Add(1)
+		if c.opts.Observe != nil {
+			c.opts.Observe(context.Background(), Observation{Kind: ObservedStoreError, Err: err})
+		}
 	}
 }
 
@@ -273,11 +285,14 @@ func (c *Cache[T]) Get(ctx context.Context, key string) (T, error) {
 	switch r.state {
 	case stateFresh:
 		c.hits.Add(1)
+		c.lookedUp(ctx, key, LookupHit)
 		return r.val, nil
 	case stateAbsent:
 		c.negHits.Add(1)
+		c.lookedUp(ctx, key, LookupNegative)
 	default:
 		c.misses.Add(1)
+		c.lookedUp(ctx, key, LookupMiss)
 	}
 	return zero, ErrNotFound
 }

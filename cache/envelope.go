@@ -20,9 +20,11 @@ import (
 //   - fresh: Unix milliseconds (writer's clock) after which the value is
 //     stale; absent or 0 means no soft expiry. The entry's own TTL in the
 //     store is the hard expiry: fresh + StaleWhileRevalidate.
-//   - value: the codec's output when it is valid JSON (so JSON values stay
-//     readable by other programs); otherwise raw is true and bytes holds the
-//     codec's output in base64.
+//   - value: the codec's output when it is JSON that the envelope keeps byte
+//     for byte (compact, with encoding/json's escapes, as warden's JSON codec
+//     writes it), so JSON values stay readable by other programs; otherwise
+//     raw is true and bytes holds the codec's output in base64, so that a
+//     codec whose output has spaces or other escapes gets it back exactly.
 //   - absent: a cached absence (negative caching); no value.
 //
 // A plain value that would itself read as an envelope (a JSON object with
@@ -82,7 +84,7 @@ func wrap(raw []byte, fresh time.Time) ([]byte, error) {
 			env.Fresh = 1
 		}
 	}
-	if json.Valid(raw) {
+	if keepsJSON(raw) {
 		env.Value = raw
 	} else {
 		env.Raw, env.Bytes = true, raw
@@ -92,3 +94,14 @@ func wrap(raw []byte, fresh time.Time) ([]byte, error) {
 
 // absentValue is the stored form of a cached absence.
 var absentValue = []byte(`{"_warden":"cache/v1","absent":true}`)
+
+// keepsJSON reports whether raw is JSON that an envelope's "value" member
+// holds unchanged: encoding/json compacts and escapes a json.RawMessage it
+// writes, which would change the bytes a codec gets back.
+func keepsJSON(raw []byte) bool {
+	if !json.Valid(raw) {
+		return false
+	}
+	b, err := json.Marshal(json.RawMessage(raw))
+	return err == nil && bytes.Equal(b, raw)
+}

@@ -29,6 +29,9 @@ type flight[T any] struct {
 	val     T
 	err     error
 	waiters int // callers waiting on done; guarded by Cache.mu
+	// remote: the load found another process's load lease in its way
+	// and waited for it (set before done is closed).
+	remote bool
 }
 
 // GetOrLoad returns key's value, loading it with loader on a miss and
@@ -70,6 +73,7 @@ func (c *Cache[T]) GetOrLoad(ctx context.Context, key string, loader func(ctx co
 		// The store is down or slow: load without it.
 		c.count(err)
 		c.misses.Add(1)
+		c.lookedUp(ctx, key, LookupMiss)
 		return c.join(ctx, sk, loader, err)
 	}
 	if err != nil {
@@ -89,18 +93,22 @@ func (c *Cache[T]) GetOrLoad(ctx context.Context, key string, loader func(ctx co
 	switch r.state {
 	case stateFresh:
 		c.hits.Add(1)
+		c.lookedUp(ctx, key, LookupHit)
 		return r.val, nil
 	case stateAbsent:
 		c.negHits.Add(1)
+		c.lookedUp(ctx, key, LookupNegative)
 		return zero, ErrNotFound
 	case stateStale:
 		if c.opts.StaleWhileRevalidate > 0 {
 			c.staleHits.Add(1)
+			c.lookedUp(ctx, key, LookupStale)
 			c.revalidate(ctx, sk, loader)
 			return r.val, nil
 		}
 	}
 	c.misses.Add(1)
+	c.lookedUp(ctx, key, LookupMiss)
 	return c.join(ctx, sk, loader, nil)
 }
 
@@ -141,6 +149,7 @@ func (c *Cache[T]) join(ctx context.Context, sk string, loader func(context.Cont
 		return zero, ErrClosed
 	}
 	f := c.flights[sk]
+	joined := f != nil // another caller's load
 	if f == nil {
 		f = &flight[T]{done: make(chan struct{})}
 		c.flights[sk] = f
@@ -193,13 +202,23 @@ func (c *Cache[T]) join(ctx context.Context, sk string, loader func(context.Cont
 	f.waiters++
 	c.mu.Unlock()
 
+	var start time.Time
+	if c.opts.Observe != nil {
+		start = time.Now()
+	}
 	select {
 	case <-f.done:
+		if c.opts.Observe != nil && (joined || f.remote) {
+			c.observeKey(ctx, sk, Observation{Kind: ObservedLoadWait, Duration: time.Since(start), Remote: f.remote, Err: f.err})
+		}
 		return f.val, f.err
 	case <-ctx.Done():
 		c.mu.Lock()
 		f.waiters--
 		c.mu.Unlock()
+		if c.opts.Observe != nil && joined {
+			c.observeKey(ctx, sk, Observation{Kind: ObservedLoadWait, Duration: time.Since(start), Err: ctx.Err()})
+		}
 		return zero, ctx.Err()
 	}
 }
@@ -244,6 +263,7 @@ func (c *Cache[T]) fetch(base context.Context, dl time.Time, sk string, f *fligh
 		}
 		// Another process loads: wait for its value, or for its lease to
 		// end so that this one can take over.
+		f.remote = true
 		if !c.pause(base, f, jitter(delay)) {
 			return zero, nil, c.closedOr(base, context.Canceled) // nobody waits any more
 		}
@@ -331,7 +351,7 @@ func (c *Cache[T]) loadHeld(base context.Context, dl time.Time, sk, lk, owner st
 	ldctx, cancel := context.WithDeadline(base, sent.Add(c.opts.LoadLease))
 	defer cancel()
 	c.loads.Add(1)
-	v, err = callLoader(ldctx, loader)
+	v, err = c.callLoader(ldctx, sk, loader)
 	if err != nil {
 		if errors.Is(err, ErrNotFound) {
 			if c.opts.NegativeTTL <= 0 {
@@ -380,11 +400,14 @@ func (c *Cache[T]) store(base context.Context, sk string, v T, timeout time.Dura
 func (c *Cache[T]) loadWithoutStore(base context.Context, sk string, loader func(context.Context) (T, error), storeErr error) (v T, after func(), err error) {
 	var zero T
 	c.fallbacks.Add(1)
+	if c.opts.Observe != nil {
+		c.observeKey(base, sk, Observation{Kind: ObservedFallback, Err: storeErr})
+	}
 	c.st.Logger().Warn("warden cache: the store failed; loading without it", "key", sk, "err", storeErr)
 	lctx, cancel := context.WithTimeout(base, c.opts.LoadLease)
 	defer cancel()
 	c.loads.Add(1)
-	v, err = callLoader(lctx, loader)
+	v, err = c.callLoader(lctx, sk, loader)
 	if err != nil {
 		if !errors.Is(err, ErrNotFound) {
 			c.loadErrs.Add(1)
@@ -448,6 +471,17 @@ func (c *Cache[T]) revalidate(ctx context.Context, sk string, loader func(contex
 			c.st.Logger().Warn("warden cache: background reload failed; serving the stale value", "key", sk, "err", err)
 		}
 	}()
+}
+
+// callLoader calls loader for the stored key sk, observing the load.
+func (c *Cache[T]) callLoader(ctx context.Context, sk string, loader func(context.Context) (T, error)) (T, error) {
+	if c.opts.Observe == nil {
+		return callLoader(ctx, loader)
+	}
+	start := time.Now()
+	v, err := callLoader(ctx, loader)
+	c.observeKey(ctx, sk, Observation{Kind: ObservedLoad, Duration: time.Since(start), Err: err})
+	return v, err
 }
 
 // callLoader calls loader, turning a panic into a *PanicError.

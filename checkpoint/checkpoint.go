@@ -109,6 +109,13 @@ type Options struct {
 	// task is locked by another worker. false: Run waits for the lock
 	// until ctx ends.
 	NoWait bool
+	// Observe, if set, is told whether the task resumes and of every
+	// save (see Observation), for telemetry: otelwarden.Telemetry.Checkpoint
+	// is one. It is called after the fact, on the goroutine of Run or of
+	// the Save, with its context. It must be quick and safe for
+	// concurrent use, and must not panic. Nil: nothing is observed, at no
+	// cost.
+	Observe func(ctx context.Context, o Observation)
 }
 
 // Run runs the task taskID: it loads the task's newest checkpoint, calls fn
@@ -156,7 +163,7 @@ func Run[T any](ctx context.Context, st *warden.Store, taskID string, opts *Opti
 		o.Codec = warden.JSONCodec{}
 	}
 
-	cur := &Cursor[T]{st: st, taskID: taskID, codec: o.Codec, keep: o.Keep, every: o.CleanupEvery}
+	cur := &Cursor[T]{st: st, taskID: taskID, codec: o.Codec, keep: o.Keep, every: o.CleanupEvery, observe: o.Observe}
 	if !o.Lock && o.Locker == nil && o.LockOptions == nil {
 		return runTask(ctx, ctx, st, cur, fn, o)
 	}
@@ -214,6 +221,9 @@ func runTask[T any](ctx, fctx context.Context, st *warden.Store, cur *Cursor[T],
 		}
 		cur.resumed, cur.has, cur.last = true, true, last
 	}
+	if o.Observe != nil {
+		o.Observe(fctx, Observation{Kind: ObservedStart, TaskID: taskID, Resumed: found, Progress: last.Progress})
+	}
 
 	if err := fn(fctx, cur); err != nil {
 		return err
@@ -263,6 +273,8 @@ type Cursor[T any] struct {
 	every  int
 	lease  *lock.Lease // nil without Options.Lock
 	token  int64
+
+	observe func(context.Context, Observation) // Options.Observe
 
 	mu      sync.Mutex
 	state   T
@@ -327,6 +339,17 @@ func (c *Cursor[T]) Save(ctx context.Context, state T, progress float64) error {
 
 // SaveETA is Save with an estimate of the time remaining (0: unknown).
 func (c *Cursor[T]) SaveETA(ctx context.Context, state T, progress float64, eta time.Duration) error {
+	if c.observe == nil {
+		return c.save(ctx, state, progress, eta)
+	}
+	start := time.Now()
+	err := c.save(ctx, state, progress, eta)
+	c.observeSave(ctx, start, progress, err)
+	return err
+}
+
+// save is SaveETA.
+func (c *Cursor[T]) save(ctx context.Context, state T, progress float64, eta time.Duration) error {
 	if c.lease != nil {
 		if lerr := c.lease.Err(); lerr != nil {
 			return fmt.Errorf("%w: task %q: the lease with token %d ended (%w)", ErrStale, c.taskID, c.token, lock.ErrLeaseLost)

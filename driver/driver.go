@@ -187,6 +187,35 @@ type LockNotifier interface {
 	WatchLocks(ctx context.Context) (<-chan LockEvent, error)
 }
 
+// LockWaiter is the optional capability of stores whose server can queue
+// the waiters of a lock and wake the first of them the moment the holder
+// releases it or its session ends (MySQL's named locks, GET_LOCK). The
+// queue only orders and wakes; the lock record alone decides who holds
+// the lock, exactly as without the capability.
+//
+// A waiter whose turn came keeps it — others queue behind it — until its
+// Acquire turns it into a holding, or until LeaveLock. While it has its
+// turn, the store may refuse other owners a key its holder has just
+// released and handed to it (for a bounded time): that is what makes the
+// hand-off fair, a releaser that asks again at once queues behind the
+// waiters instead of taking the key back.
+type LockWaiter interface {
+	// WaitLock waits, for at most max, for owner's turn to acquire key:
+	// until the holders and waiters ahead of it in the store's queue for
+	// key have released it or ended. It returns true when the caller
+	// should call Acquire at once: its turn came, or max passed. It
+	// returns false at once when waiting in the store would not help — it
+	// cannot wait now (every connection it keeps for waiting is busy), or
+	// owner has its turn already and the holding it waits for is not in
+	// the queue: the caller then backs off and polls as it would without
+	// the capability. If ctx ends first it returns ctx's error.
+	WaitLock(ctx context.Context, key, owner string, max time.Duration) (again bool, err error)
+	// LeaveLock gives up owner's turn for key, if it has one that did not
+	// become a holding. The lock package calls it when a waiting Acquire
+	// ends without a lease.
+	LeaveLock(key, owner string)
+}
+
 // ---------------------------------------------------------------------------
 // Circuits
 

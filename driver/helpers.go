@@ -266,15 +266,38 @@ func redactUserInfo(v string) (string, bool) {
 		return v, false
 	}
 	parts := strings.Split(v, ",")
+	// A password may hold ',' (a URL's user information allows it, and an
+	// address's is not escaped at all), so a list cannot be split at its
+	// commas alone: a part without '@' but with a ':' after its scheme
+	// may be the start of user information whose password goes on in the
+	// next part. Such a part is joined with the parts after it up to the
+	// next '@'. Where the list was really "host:port,user:pw@host2" this
+	// masks from host's ':' to host2's '@' — more than needed, but a
+	// message never shows a password because it held a comma.
+	for i := 0; i+1 < len(parts); {
+		p := parts[i]
+		if j := strings.Index(p, "://"); j >= 0 {
+			p = p[j+3:]
+		}
+		if !strings.Contains(p, "@") && strings.Contains(p, ":") &&
+			strings.Contains(strings.Join(parts[i+1:], ","), "@") {
+			parts[i] += "," + parts[i+1]
+			parts = append(parts[:i+1], parts[i+2:]...)
+			continue
+		}
+		i++
+	}
 	changed := false
 	for i, p := range parts {
 		scheme, rest := "", p
 		if j := strings.Index(p, "://"); j >= 0 {
 			scheme, rest = p[:j+3], p[j+3:]
 		}
-		// User information ends at the last '@' of the authority.
+		// User information ends at the last '@' of the authority: of the
+		// whole address when there is no scheme, since the password of
+		// "user:pass#word@host:port" is not escaped as a URL's would be.
 		authority := rest
-		if j := strings.IndexAny(rest, "/?#"); j >= 0 {
+		if j := strings.IndexAny(rest, "/?#"); j >= 0 && scheme != "" {
 			authority = rest[:j]
 		}
 		at := strings.LastIndex(authority, "@")

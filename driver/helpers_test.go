@@ -48,6 +48,11 @@ func TestRedactURLNested(t *testing.T) {
 		"redis://h:1?addr=h2:2,u:s3cretpw@h3:3,:s3cretpw@h4:4",
 		"x://h?upstream=amqp://user:s3cretpw@broker:5672/vhost?heartbeat=10",
 		"x://h?a=http://u:s3cretpw@h1,http://v:s3cretpw@h2",
+		// Passwords holding commas, with or without ':' after them.
+		"memory://db?endpoint=http%3A%2F%2Fuser%3A%2C%2Cs3cretpw%40127.0.0.1%3A1",
+		"x://h?addr=u:s3cretpw,,@h1:1",
+		"x://h?addr=u:s3cretpw,x:y@h1:1",
+		"x://h?addr=u:s3,cretpw@h1:1,v:s3cretpw@h2:2",
 	} {
 		u, err := url.Parse(raw)
 		if err != nil {

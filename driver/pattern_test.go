@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/warden-go/warden/internal/fuzzref"
 )
 
 var hostileKeys = []string{
@@ -82,96 +84,6 @@ func TestPatternPrefixAndLiteral(t *testing.T) {
 	}
 }
 
-// likeMatch is a reference evaluator of SQL LIKE with an escape character,
-// matching per character as PostgreSQL and MySQL (utf8mb4_bin) do.
-func likeMatch(pat, s string, esc rune) bool {
-	pr, sr := []rune(pat), []rune(s)
-	var rec func(i, j int) bool
-	rec = func(i, j int) bool {
-		for i < len(pr) {
-			switch c := pr[i]; {
-			case c == esc:
-				if i+1 >= len(pr) || j >= len(sr) || sr[j] != pr[i+1] {
-					return false
-				}
-				i, j = i+2, j+1
-			case c == '%':
-				for k := j; k <= len(sr); k++ {
-					if rec(i+1, k) {
-						return true
-					}
-				}
-				return false
-			case c == '_':
-				if j >= len(sr) {
-					return false
-				}
-				i, j = i+1, j+1
-			default:
-				if j >= len(sr) || sr[j] != c {
-					return false
-				}
-				i, j = i+1, j+1
-			}
-		}
-		return j == len(sr)
-	}
-	return rec(0, 0)
-}
-
-// redisMatch is a reference evaluator of the subset of Redis glob syntax
-// RedisMatch emits: '*', '?' (one byte) and backslash escapes.
-func redisMatch(pat, s string) bool {
-	if pat == "" {
-		return s == ""
-	}
-	switch pat[0] {
-	case '\\':
-		return len(pat) > 1 && s != "" && s[0] == pat[1] && redisMatch(pat[2:], s[1:])
-	case '*':
-		for k := 0; k <= len(s); k++ {
-			if redisMatch(pat[1:], s[k:]) {
-				return true
-			}
-		}
-		return false
-	case '?':
-		return s != "" && redisMatch(pat[1:], s[1:])
-	case '[':
-		panic("unescaped [ in Redis pattern " + pat)
-	}
-	return s != "" && s[0] == pat[0] && redisMatch(pat[1:], s[1:])
-}
-
-// sqliteGlob is a reference evaluator of the subset of SQLite GLOB syntax
-// SQLiteGlob emits: '*', '?' (one character) and one-character classes.
-func sqliteGlob(pat, s string) bool {
-	if pat == "" {
-		return s == ""
-	}
-	switch pat[0] {
-	case '*':
-		for k := 0; k <= len(s); k++ {
-			if sqliteGlob(pat[1:], s[k:]) {
-				return true
-			}
-		}
-		return false
-	case '?':
-		if s == "" {
-			return false
-		}
-		_, n := utf8.DecodeRuneInString(s)
-		return sqliteGlob(pat[1:], s[n:])
-	case '[':
-		if len(pat) < 3 || pat[2] != ']' {
-			panic("unexpected class in SQLite glob " + pat)
-		}
-		return s != "" && s[0] == pat[1] && sqliteGlob(pat[3:], s[1:])
-	}
-	return s != "" && s[0] == pat[0] && sqliteGlob(pat[1:], s[1:])
-}
-
 // TestPatternRenderings checks that every backend rendering, after a hostile
 // namespace prefix, selects exactly the keys Match selects (Redis may select
 // more: it matches bytes, and drivers re-check) and nothing outside the
@@ -191,21 +103,21 @@ func TestPatternRenderings(t *testing.T) {
 			if got := re.MatchString(full); got != want {
 				t.Errorf("pattern %q key %q: Regexp %q = %v, want %v", ps, k, p.Regexp(ns), got, want)
 			}
-			if got := likeMatch(like, full, '\\'); got != want {
+			if got := fuzzref.Like(like, full, '\\'); got != want {
 				t.Errorf("pattern %q key %q: LIKE %q = %v, want %v", ps, k, like, got, want)
 			}
-			if got := likeMatch(like2, full, '!'); got != want {
+			if got := fuzzref.Like(like2, full, '!'); got != want {
 				t.Errorf("pattern %q key %q: LIKE %q ESCAPE '!' = %v, want %v", ps, k, like2, got, want)
 			}
-			if got := sqliteGlob(glob, full); got != want {
+			if got := fuzzref.SQLiteGlob(glob, full); got != want {
 				t.Errorf("pattern %q key %q: GLOB %q = %v, want %v", ps, k, glob, got, want)
 			}
-			if want && !redisMatch(redis, full) {
+			if want && !fuzzref.RedisMatch(redis, full) {
 				t.Errorf("pattern %q key %q: Redis MATCH %q misses a matching key", ps, k, redis)
 			}
 		}
 		for _, o := range others {
-			if re.MatchString(o) || likeMatch(like, o, '\\') || sqliteGlob(glob, o) || redisMatch(redis, o) {
+			if re.MatchString(o) || fuzzref.Like(like, o, '\\') || fuzzref.SQLiteGlob(glob, o) || fuzzref.RedisMatch(redis, o) {
 				t.Errorf("pattern %q reaches %q outside namespace %q", ps, o, ns)
 			}
 		}
@@ -225,7 +137,7 @@ func FuzzPatternRegexp(f *testing.F) {
 		if got, want := re.MatchString("ns:"+key), p.Match(key); got != want {
 			t.Fatalf("pattern %q key %q: regexp %v, Match %v", pat, key, got, want)
 		}
-		if got := likeMatch(p.Like("ns:", '\\'), "ns:"+key, '\\'); got != p.Match(key) {
+		if got := fuzzref.Like(p.Like("ns:", '\\'), "ns:"+key, '\\'); got != p.Match(key) {
 			t.Fatalf("pattern %q key %q: LIKE %v, Match %v", pat, key, got, p.Match(key))
 		}
 		if strings.Contains(key, "\x00") {

@@ -192,8 +192,10 @@ func (s *suite) cacheTTLPrecision(t *testing.T) {
 	st, _ := s.open(t)
 	c := st.Cache()
 	var e1, e2 error
-	a := timed(func() { e1 = c.Set(ctx, "k1", []byte("v"), 1234*time.Millisecond) })
-	b := timed(func() { e2 = c.Set(ctx, "k2", []byte("v"), 2345*time.Millisecond) })
+	// An hour plus milliseconds: a loaded machine cannot let them lapse
+	// before the reads, and the milliseconds must survive.
+	a := timed(func() { e1 = c.Set(ctx, "k1", []byte("v"), time.Hour+1234*time.Millisecond) })
+	b := timed(func() { e2 = c.Set(ctx, "k2", []byte("v"), time.Hour+2345*time.Millisecond) })
 	fatalIf(t, "Set", e1)
 	fatalIf(t, "Set", e2)
 	r1, f1, err := c.Get(ctx, "k1")

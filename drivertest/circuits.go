@@ -788,19 +788,18 @@ func (h *hungDriver) block(ctx context.Context, op string) error {
 }
 
 // checkDeadlines fails the check unless every blocked operation ran on a
-// context whose deadline came before the caller's.
-func (h *hungDriver) checkDeadlines(t *testing.T, caller time.Time) {
+// context whose deadline came before the caller's. It reports whether any
+// operation reached the hung ones.
+func (h *hungDriver) checkDeadlines(t *testing.T, caller time.Time) (reached bool) {
 	t.Helper()
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if len(h.deadlines) == 0 {
-		t.Error("the breaker made no store operation")
-	}
 	for i, dl := range h.deadlines {
 		if dl.IsZero() || !dl.Before(caller) {
 			t.Errorf("store operation %d ran with deadline %v, not before the caller's %v", i, dl, caller)
 		}
 	}
+	return len(h.deadlines) > 0
 }
 
 // wantHungPolicy checks a call a Breaker made on a hung store: it did not
@@ -900,7 +899,10 @@ func (s *suite) breakerHungStore(t *testing.T) {
 			fatalIf(t, "breaker.New", err)
 			defer b.Close()
 			defer close(h.release)
-			v, err, ran, fnCtxErr := callHung(t, b, h)
+			v, err, ran, fnCtxErr, reached := callHung(t, b, h)
+			if !reached {
+				t.Error("the breaker made no store operation")
+			}
 			if st := b.Stats(); !st.StoreDown {
 				t.Fatalf("the hung store is not reported down: %+v", st)
 			}
@@ -911,9 +913,10 @@ func (s *suite) breakerHungStore(t *testing.T) {
 
 // callHung makes one call through b, whose store h hangs, with a 2 s
 // deadline, and checks that every store call h saw had a deadline no later
-// than the caller's. It returns the call's result, whether fn ran and the
-// error of fn's context when it ran.
-func callHung(t *testing.T, b *breaker.Breaker, h *hungDriver) (v int, err error, ran bool, fnCtxErr error) {
+// than the caller's. It returns the call's result, whether fn ran, the
+// error of fn's context when it ran, and whether the call reached one of
+// the hung operations.
+func callHung(t *testing.T, b *breaker.Breaker, h *hungDriver) (v int, err error, ran bool, fnCtxErr error, reached bool) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	t.Cleanup(cancel) // live until the test's checks are done, as the caller's would be
@@ -922,8 +925,8 @@ func callHung(t *testing.T, b *breaker.Breaker, h *hungDriver) (v int, err error
 		ran, fnCtxErr = true, ctx.Err()
 		return 42, nil
 	})
-	h.checkDeadlines(t, deadline)
-	return v, err, ran, fnCtxErr
+	reached = h.checkDeadlines(t, deadline)
+	return v, err, ran, fnCtxErr, reached
 }
 
 // breakerHungProbe: on an open circuit whose open period has passed, only
@@ -938,18 +941,33 @@ func (s *suite) breakerHungProbe(t *testing.T) {
 	const openFor = 20 * time.Millisecond
 	for _, failClosed := range []bool{false, true} {
 		t.Run(fmt.Sprint("failClosed=", failClosed), func(t *testing.T) {
-			name := fmt.Sprint("hung-probe-", failClosed)
-			rec, err := st.Circuits().RecordFailure(testCtx(t), name, 1)
-			fatalIf(t, "RecordFailure", err)
-			wantCircuit(t, "after a failure at threshold 1", rec, name, driver.Open, 1)
-			storeClock(t, st.Circuits(), rec.OpenedAt.Add(openFor))
-			hs, h := hang(t, st, "probe")
-			b, err := breaker.New(hs, name, &breaker.Options{OpenFor: openFor, FailClosed: failClosed})
-			fatalIf(t, "breaker.New", err)
-			defer b.Close()
-			defer close(h.release)
-			v, err, ran, fnCtxErr := callHung(t, b, h)
-			wantHungPolicy(t, b, failClosed, v, err, ran, fnCtxErr)
+			// The reads before the probe answer, but a loaded machine or
+			// server can make them outlast the breaker's budget: the call
+			// then follows the policy for the store's timeout without
+			// reaching the probe. That is the budget at work, not what
+			// this check is about, so it starts over on a new circuit, a
+			// bounded number of times.
+			for attempt := 1; ; attempt++ {
+				name := fmt.Sprintf("hung-probe-%v-%d", failClosed, attempt)
+				rec, err := st.Circuits().RecordFailure(testCtx(t), name, 1)
+				fatalIf(t, "RecordFailure", err)
+				wantCircuit(t, "after a failure at threshold 1", rec, name, driver.Open, 1)
+				storeClock(t, st.Circuits(), rec.OpenedAt.Add(openFor))
+				hs, h := hang(t, st, "probe")
+				b, err := breaker.New(hs, name, &breaker.Options{OpenFor: openFor, FailClosed: failClosed})
+				fatalIf(t, "breaker.New", err)
+				v, err, ran, fnCtxErr, reached := callHung(t, b, h)
+				wantHungPolicy(t, b, failClosed, v, err, ran, fnCtxErr)
+				close(h.release)
+				b.Close()
+				if reached {
+					return
+				}
+				if attempt == 3 {
+					t.Fatalf("in %d attempts the call never reached the probe request: the reads before it outlasted the budget", attempt)
+				}
+				t.Logf("attempt %d: the reads before the probe outlasted the budget (a slow store); starting over", attempt)
+			}
 		})
 	}
 }
@@ -976,6 +994,11 @@ func (s *suite) breakerHungWrite(t *testing.T) {
 	fatalIf(t, "Close", b.Close())
 	rec, _, err := st.Circuits().Get(testCtx(t), "hung-write")
 	fatalIf(t, "Get", err)
+	if rec.Failures != 1 {
+		// Say why the write did not land (a store error it met, or none).
+		stats := b.Stats()
+		t.Logf("breaker stats after Close: store errors %d, last %v", stats.StoreErrors, stats.LastStoreError)
+	}
 	wantCircuit(t, "after the store answered", rec, "hung-write", driver.Closed, 1)
 }
 

@@ -40,12 +40,30 @@ type Harness struct {
 	// Upstream or another host. The test binary's TestMain must call Main.
 	Upstream   func(t testing.TB) string
 	ProxiedURL func(t testing.TB, prefix, proxyAddr string) string
+	// Groups, if non-nil, names the top-level groups to run ("Locks",
+	// "Lifecycle", …; see Run); nil runs them all. A store's second harness
+	// whose stores run the same statements as a first, full one — a store
+	// made by New on the caller's client instead of opened by URL, say —
+	// runs the groups where the way it was made shows: Leaks, Namespaces,
+	// Lifecycle, Notifications, MultiProcess (see ConstructionGroups). A
+	// name the suite does not know fails the test.
+	Groups []string
 }
 
-// Run runs the whole conformance suite against the store h opens. Every
-// check is a parallel subtest with its own namespace; the checks start
-// when the calling test function returns, so Run returns before they have
-// run and the harness's resources must be released with t.Cleanup.
+// ConstructionGroups are the groups that check what depends on how a
+// store was made rather than on the statements it runs: connections and
+// goroutines it owns (Leaks), names and isolation of its tables or
+// collections (Namespaces), Close and the caller's handle (Lifecycle),
+// its event streams (Notifications) and stores of other processes on the
+// same data (MultiProcess). A harness that repeats a full one on another
+// constructor sets Harness.Groups to them.
+var ConstructionGroups = []string{"Leaks", "Namespaces", "Lifecycle", "Notifications", "MultiProcess"}
+
+// Run runs the conformance suite (the groups Harness.Groups names, or all)
+// against the store h opens. Every check is a parallel subtest with its
+// own namespace; the checks start when the calling test function returns,
+// so Run returns before they have run and the harness's resources must be
+// released with t.Cleanup.
 func Run(t *testing.T, h Harness) {
 	t.Helper()
 	if h.Open == nil {
@@ -55,19 +73,37 @@ func Run(t *testing.T, h Harness) {
 		h.Name = "store"
 	}
 	s := &suite{h: h}
-	t.Run("Leaks", s.leaks) // first and alone: it counts the process's goroutines and files
-	t.Run("Locks", s.locks)
-	t.Run("Circuits", s.circuits)
-	t.Run("Cache", s.cache)
-	t.Run("HostileKeys", s.hostile)
-	t.Run("Idempotency", s.idempotency)
-	t.Run("Checkpoints", s.checkpoints)
-	t.Run("Namespaces", s.namespaces)
-	t.Run("Lifecycle", s.lifecycle)
-	t.Run("Notifications", s.notifications)
-	t.Run("MultiProcess", s.multiProcess)
-	t.Run("Portable", s.portable)
-	t.Run("Faults", s.faults)
+	groups := []check{
+		{"Leaks", s.leaks}, // first and alone: it counts the process's goroutines and files
+		{"Locks", s.locks},
+		{"Circuits", s.circuits},
+		{"Cache", s.cache},
+		{"HostileKeys", s.hostile},
+		{"Idempotency", s.idempotency},
+		{"Checkpoints", s.checkpoints},
+		{"Namespaces", s.namespaces},
+		{"Lifecycle", s.lifecycle},
+		{"Notifications", s.notifications},
+		{"MultiProcess", s.multiProcess},
+		{"Portable", s.portable},
+		{"Faults", s.faults},
+	}
+	run := map[string]bool{}
+	for _, name := range h.Groups {
+		known := false
+		for _, g := range groups {
+			known = known || g.name == name
+		}
+		if !known {
+			t.Fatalf("drivertest: Harness.Groups names %q, which is not a group of the suite", name)
+		}
+		run[name] = true
+	}
+	for _, g := range groups {
+		if h.Groups == nil || run[g.name] {
+			t.Run(g.name, g.fn)
+		}
+	}
 }
 
 // suite carries the harness through the checks.

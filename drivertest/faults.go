@@ -33,7 +33,9 @@ import (
 // clock (time.Now().UnixNano(), comparable across processes):
 //
 //   - called: just before Acquire was called; returned: just after it
-//     returned; the lease's Deadline() read right after.
+//     returned; the lease's Deadline() read right after; answered: when
+//     the store answered the granting lock.acquire (the hook below), after
+//     which Acquire decides whether the grant came too late.
 //   - beyond: the first time a Deadline() read exceeded the latest send
 //     time it could rest on plus TTL − ClockSkew. The worker's store has a
 //     warden.Hook that notes the start of every lock.acquire and
@@ -396,9 +398,12 @@ func (r *faultRig) check(t *testing.T) {
 		if !l.ended {
 			fails.add("a worker never reported a lease's end", "%s", who)
 		}
-		if l.deadline <= l.returned {
-			fails.add("a lease was handed out already past its deadline", "%s: Deadline() = %s, %v before Acquire returned",
-				who, r.at(l.deadline), time.Duration(l.returned-l.deadline))
+		// Acquire decides after the store's answer whether the grant came
+		// too late; the worker notes its return only later, by as long as
+		// a loaded machine keeps it from running.
+		if l.deadline <= l.answered {
+			fails.add("a lease was handed out already past its deadline", "%s: Deadline() = %s, %v before the store's answer to its acquire",
+				who, r.at(l.deadline), time.Duration(l.answered-l.deadline))
 		}
 		if l.beyond != 0 {
 			fails.add("a lease's deadline was later than its last send time + TTL − ClockSkew allows",
@@ -484,6 +489,7 @@ type faultLease struct {
 	token              int64
 	called, returned   int64
 	deadline           int64 // Deadline() right after Acquire returned
+	answered           int64 // when the store answered the granting lock.acquire (sendClock)
 	lastLive, observed int64
 	how                string // lost, released, stopped
 	late, lateDeadline int64
@@ -608,8 +614,8 @@ func (g *faultLog) handle(line string) string {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	switch {
-	case len(f) == 7 && f[0] == "A":
-		l := &faultLease{worker: int(n[1]), seq: int(n[2]), token: n[3], called: n[4], returned: n[5], deadline: n[6]}
+	case len(f) == 8 && f[0] == "A":
+		l := &faultLease{worker: int(n[1]), seq: int(n[2]), token: n[3], called: n[4], returned: n[5], deadline: n[6], answered: n[7]}
 		g.leases = append(g.leases, l)
 		g.byID[[2]int{l.worker, l.seq}] = l
 		return "OK"
@@ -833,7 +839,7 @@ func childFaultWorker(ctx context.Context, st *warden.Store, cfg childConfig, re
 			return true
 		}
 		live := check() // first, before telling anyone
-		call("A %d %d %d %d %d %d", cfg.ID, seq, lease.Token(), called.UnixNano(), returned.UnixNano(), deadline.UnixNano())
+		call("A %d %d %d %d %d %d %d", cfg.ID, seq, lease.Token(), called.UnixNano(), returned.UnixNano(), deadline.UnixNano(), sends.lastAnswer().UnixNano())
 		hold := cfg.Pause + rand.N(cfg.Pause+1)
 		kept := returned
 		how := "lost"
@@ -880,20 +886,37 @@ func childFaultWorker(ctx context.Context, st *warden.Store, cfg childConfig, re
 // sendClock is a warden.Hook that keeps the latest start of a lock.acquire
 // or lock.refresh call: lock reads its send time just before calling the
 // store, so every send time lock knows of is at most the latest start.
+//
+// It also keeps when the last lock.acquire call was answered (AfterOp
+// runs after the store answered and before lock sees the answer): lock
+// decides whether a grant came too late after that instant, so a lease
+// whose deadline is already behind it was handed out past its deadline,
+// however long the worker then took to note that Acquire returned.
 type sendClock struct {
-	mu   sync.Mutex
-	last time.Time
+	mu       sync.Mutex
+	last     time.Time
+	answered time.Time // the last lock.acquire's answer
 }
 
 func (c *sendClock) AfterOp(_ context.Context, op warden.OpInfo) {
 	if op.Op != "lock.acquire" && op.Op != "lock.refresh" {
 		return
 	}
+	now := time.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if op.Start.After(c.last) {
 		c.last = op.Start
 	}
+	if op.Op == "lock.acquire" {
+		c.answered = now
+	}
+}
+
+func (c *sendClock) lastAnswer() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.answered
 }
 
 func (c *sendClock) latest() time.Time {

@@ -320,7 +320,7 @@ func (s *suite) hostilePatterns(t *testing.T) {
 	keys := patternKeys()
 	checkHostileSet(t, keys)
 	for i, key := range keys {
-		if _, ok, err := st.Locks().Acquire(ctx, key, fmt.Sprintf("owner-%d", i), time.Minute); err != nil || !ok {
+		if _, ok, err := st.Locks().Acquire(ctx, key, fmt.Sprintf("owner-%d", i), time.Hour); err != nil || !ok {
 			t.Fatalf("Acquire %s: ok=%v err=%v", short(key), ok, err)
 		}
 		if _, err := st.Circuits().RecordFailure(ctx, key, 1000); err != nil {
@@ -392,7 +392,7 @@ func (s *suite) caseSensitive(t *testing.T) {
 	for i, key := range keys {
 		v := []byte(fmt.Sprintf("value-%d", i))
 		fatalIf(t, "cache Set", st.Cache().Set(ctx, key, v, 0))
-		if _, ok, err := st.Locks().Acquire(ctx, key, fmt.Sprintf("owner-%d", i), time.Minute); err != nil || !ok {
+		if _, ok, err := st.Locks().Acquire(ctx, key, fmt.Sprintf("owner-%d", i), time.Hour); err != nil || !ok {
 			ec.Errorf("lock Acquire %q by its own owner: ok=%v err=%v: keys differing only in case or form collide", key, ok, err)
 		}
 		if rec, err := st.Circuits().RecordFailure(ctx, key, 100); err != nil || rec.Failures != 1 {

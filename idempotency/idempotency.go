@@ -49,6 +49,7 @@
 package idempotency
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -200,6 +201,13 @@ type Options struct {
 	Owner string
 	// Codec encodes results. Nil: warden.JSONCodec.
 	Codec warden.Codec
+	// Observe, if set, is told how the store answered the claim and of
+	// the waits for another caller's claim (see Observation), for
+	// telemetry: otelwarden.Telemetry.Idempotency is one. It is called
+	// after the fact, on Do's goroutine, with Do's context. It must be
+	// quick and safe for concurrent use, and must not panic. Nil: nothing
+	// is observed, at no cost.
+	Observe func(ctx context.Context, o Observation)
 }
 
 // settings are resolved Options.
@@ -212,6 +220,7 @@ type settings struct {
 	fingerprint      string
 	owner            string
 	codec            warden.Codec
+	observe          func(context.Context, Observation)
 }
 
 var (
@@ -260,6 +269,7 @@ func resolve(opts *Options, minLease time.Duration) (settings, error) {
 		cacheErrors: o.CacheErrors,
 		fingerprint: o.Fingerprint,
 		codec:       o.Codec,
+		observe:     o.Observe,
 	}
 	if o.PollMax == 0 && s.pollMax < s.pollMin {
 		s.pollMax = s.pollMin
@@ -304,7 +314,7 @@ func Do[T any](ctx context.Context, st *warden.Store, key string, opts *Options,
 // do is Do accepting leases down to minLease. The package's tests of the
 // deadline rule use leases down to deadline.MinTTL, where the rule still
 // holds and claims are lost often, which is what they test.
-func do[T any](ctx context.Context, st *warden.Store, key string, opts *Options, fn func(ctx context.Context) (T, error), minLease time.Duration) (T, error) {
+func do[T any](ctx context.Context, st *warden.Store, key string, opts *Options, fn func(ctx context.Context) (T, error), minLease time.Duration) (_ T, err error) {
 	var zero T
 	switch {
 	case st == nil:
@@ -316,6 +326,11 @@ func do[T any](ctx context.Context, st *warden.Store, key string, opts *Options,
 	if err != nil {
 		return zero, err
 	}
+	var tr *doTrace
+	if s.observe != nil {
+		tr = &doTrace{observe: s.observe, key: key}
+		defer func() { tr.done(ctx, err) }()
+	}
 	idem := st.Idempotency()
 	backoff := s.pollMin
 	late := 0
@@ -324,6 +339,21 @@ func do[T any](ctx context.Context, st *warden.Store, key string, opts *Options,
 		rec, out, err := idem.Claim(ctx, key, s.owner, s.lease, s.fingerprint)
 		if err != nil {
 			return zero, err
+		}
+		if tr != nil {
+			switch out {
+			case driver.Claimed:
+				tr.answered(ctx, OutcomeClaimed)
+			case driver.TakenOver:
+				tr.answered(ctx, OutcomeTakenOver)
+			case driver.Completed:
+				tr.answered(ctx, OutcomeCompleted)
+			case driver.InProgress:
+				tr.answered(ctx, OutcomeInProgress)
+				if !s.noWait {
+					tr.inProgress(rec.Owner)
+				}
+			}
 		}
 		switch out {
 		case driver.Claimed, driver.TakenOver:
@@ -669,7 +699,10 @@ func encode(c warden.Codec, v any) ([]byte, error) {
 		return nil, err
 	}
 	env := envelope{Marker: 1, OK: true}
-	if json.Valid(b) {
+	// JSON goes in "value" only if the envelope keeps it byte for byte
+	// (encoding/json compacts and escapes a RawMessage), so that a codec
+	// gets back exactly what it wrote.
+	if rb, err := json.Marshal(json.RawMessage(b)); err == nil && bytes.Equal(rb, b) {
 		env.Value = b
 	} else {
 		env.Data = b

@@ -67,6 +67,9 @@ type Lease struct {
 	// holding ended (lost at the deadline, or its release failed).
 	unconfirmed bool
 	releasing   bool // a store release is in flight
+	// acquired is when the lease was handed out (only with
+	// Options.Observe: hold times).
+	acquired time.Time
 }
 
 // newLease starts a lease on a holding acquired by a request sent at sent;
@@ -80,6 +83,9 @@ func (l *Locker) newLease(parent context.Context, key string, rec driver.LockRec
 		expiresAt:   rec.ExpiresAt,
 		nextRefresh: sent.Add(l.refreshDelay()),
 		idx:         -1,
+	}
+	if l.observe != nil {
+		s.acquired = time.Now()
 	}
 	s.mu.Lock()
 	s.arm()
@@ -181,7 +187,23 @@ func (s *Lease) wakeUp() {
 // at a time.
 func (s *Lease) Refresh(ctx context.Context) error { return s.refresh(ctx, false) }
 
+// refresh makes one refresh (auto: a background one) and reports it to
+// Options.Observe.
 func (s *Lease) refresh(ctx context.Context, auto bool) error {
+	if s.l.observe == nil {
+		return s.renew(ctx, auto, nil)
+	}
+	var sent time.Time
+	err := s.renew(ctx, auto, &sent)
+	if !sent.IsZero() { // a store refresh was made
+		s.emit(ctx, Observation{Kind: ObservedRefresh, Start: sent, Duration: time.Since(sent), Err: err})
+	}
+	return err
+}
+
+// renew is refresh; sentAt, if not nil, is set to the refresh's send
+// time once it goes to the store.
+func (s *Lease) renew(ctx context.Context, auto bool, sentAt *time.Time) error {
 	l := s.l
 	s.mu.Lock()
 	for s.refreshing {
@@ -218,6 +240,9 @@ func (s *Lease) refresh(ctx context.Context, auto bool) error {
 	prevExp, deadline := s.expiresAt, s.ctx.When()
 	s.arm() // only the deadline while the refresh is in flight
 	s.mu.Unlock()
+	if sentAt != nil {
+		*sentAt = sent
+	}
 
 	// No answer after the deadline can help: bound the calls by it.
 	rctx, cancel := context.WithDeadline(ctx, deadline)
@@ -320,6 +345,13 @@ func (s *Lease) lose(reason string, unconfirmed bool) {
 	l := s.l
 	l.detach(s, unconfirmed)
 	l.log.Warn("warden: lock lease lost", "store", l.st.Name(), "key", s.key, "owner", l.owner, "token", s.token, "reason", reason)
+	if l.observe != nil {
+		cause := LostRefused
+		if unconfirmed {
+			cause = LostExpired
+		}
+		s.emit(s.ctx, Observation{Kind: ObservedLoss, Held: time.Since(s.acquired), Cause: cause, Err: ErrLeaseLost})
+	}
 }
 
 // Release ends the lease: its context is cancelled with ErrReleased at
@@ -401,13 +433,13 @@ func (s *Lease) Release(ctx context.Context) error {
 	case err == nil:
 		l.clearStale(s.key, s.token)
 	}
-	switch {
-	case err != nil:
-		return err
-	case !ok && first:
-		return ErrNotHeld
+	if err == nil && !ok && first {
+		err = ErrNotHeld
 	}
-	return nil
+	if first && l.observe != nil {
+		s.emit(ctx, Observation{Kind: ObservedRelease, Held: time.Since(s.acquired), Err: err})
+	}
+	return err
 }
 
 // detach removes an ended lease from its key, letting the next local
@@ -420,6 +452,9 @@ func (l *Locker) detach(s *Lease, unconfirmed bool) {
 	}
 	if ks := l.keys[s.key]; ks != nil && ks.held == s {
 		ks.held = nil
+		if l.observe != nil && len(ks.queue) > 0 {
+			ks.freed = time.Now()
+		}
 		ks.wakeHead()
 		l.gc(s.key, ks)
 	}

@@ -3,20 +3,17 @@ package lock
 import (
 	"container/heap"
 	"context"
-	crand "crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"os"
-	"strconv"
 	"sync"
 	"time"
 
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
 	"github.com/warden-go/warden/internal/deadline"
+	"github.com/warden-go/warden/internal/owner"
 	"github.com/warden-go/warden/internal/valid"
 )
 
@@ -150,6 +147,16 @@ type Options struct {
 	// changes when the store has no notifications. 0: one second
 	// (DefaultPollInterval).
 	PollInterval time.Duration
+	// Observe, if set, is told of every acquisition, refresh, release
+	// and loss of this Locker's leases (see Observation), for telemetry:
+	// otelwarden.Telemetry.Lock is one. It is called after the fact, on
+	// the goroutine that saw it — the caller's, or a refresh worker's —
+	// with the call's context (the lease's for background refreshes and
+	// losses) and no lock of the Locker held; a lost lease is reported
+	// after its context was cancelled. It must be quick, safe for
+	// concurrent use, and must neither panic nor call the Locker. Nil:
+	// nothing is observed, at no cost.
+	Observe func(ctx context.Context, o Observation)
 }
 
 // Locker takes distributed locks on one store for one owner. Its methods
@@ -172,6 +179,7 @@ type Locker struct {
 	poll               time.Duration
 	autoRefresh        bool
 	canWatch           bool
+	observe            func(context.Context, Observation)
 
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
@@ -199,6 +207,9 @@ type keyState struct {
 	queue []*waiter // Acquire calls waiting, FIFO; only queue[0] asks the store
 	busy  bool      // a store acquire for the key is in flight
 	idle  chan struct{}
+	// freed is when the Locker's last lease on the key ended while
+	// Acquire calls waited (only with Options.Observe: hand-off times).
+	freed time.Time
 }
 
 // waiter is one waiting Acquire call.
@@ -255,13 +266,14 @@ func newLocker(st *warden.Store, opts *Options, minTTL time.Duration) (*Locker, 
 		st:          st,
 		locks:       st.Locks(),
 		log:         st.Logger(),
-		owner:       ownerID(opts.Owner),
+		owner:       owner.ID(opts.Owner),
 		ttl:         opts.TTL,
 		refresh:     opts.RefreshInterval,
 		retryMin:    opts.RetryMin,
 		retryMax:    opts.RetryMax,
 		poll:        opts.PollInterval,
 		autoRefresh: !opts.DisableAutoRefresh,
+		observe:     opts.Observe,
 		keys:        map[string]*keyState{},
 		stale:       map[string]staleHolding{},
 	}
@@ -292,24 +304,6 @@ func newLocker(st *warden.Store, opts *Options, minTTL time.Duration) (*Locker, 
 	}
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 	return l, nil
-}
-
-// ownerID is label (default hostname:pid) plus a random suffix, unique
-// per Locker.
-func ownerID(label string) string {
-	if label == "" {
-		host, err := os.Hostname()
-		if err != nil || host == "" {
-			host = "unknown-host"
-		}
-		if len(host) > 255 {
-			host = host[:255]
-		}
-		label = host + ":" + strconv.Itoa(os.Getpid())
-	}
-	var b [6]byte
-	_, _ = crand.Read(b[:]) // never fails (crypto/rand panics rather)
-	return label + "#" + hex.EncodeToString(b[:])
 }
 
 // Owner returns the identity this Locker's holdings carry in the store.
@@ -471,7 +465,10 @@ func (l *Locker) backoff(n int) time.Duration {
 // While waiting, the first waiter of the key in this Locker asks the store
 // again after a jittered exponential back-off between RetryMin and
 // RetryMax that never runs past the holder's expiry, and at once when the
-// store's notifications report that the key was released. Other waiters
+// store's notifications report that the key was released. On a store
+// that queues waiters itself (driver.LockWaiter: MySQL's named locks) it
+// waits in that queue instead, woken the moment the key is released, in
+// the order the waiters of every process queued. Other waiters
 // of the key in this Locker wait their turn in FIFO order without asking
 // the store. Transient store errors are retried the same way; invalid
 // arguments and a closed store are returned at once.
@@ -479,6 +476,18 @@ func (l *Locker) backoff(n int) time.Duration {
 // The lease's context carries ctx's values but not its cancellation: the
 // lease lives until released or lost.
 func (l *Locker) Acquire(ctx context.Context, key string) (*Lease, error) {
+	if l.observe == nil {
+		return l.acquire(ctx, key, nil)
+	}
+	tr := &acquireTrace{start: time.Now()}
+	s, err := l.acquire(ctx, key, tr)
+	l.observeAcquire(ctx, key, s, err, tr)
+	return s, err
+}
+
+// acquire is Acquire; tr, if not nil, collects what it sees for its
+// ObservedAcquire.
+func (l *Locker) acquire(ctx context.Context, key string, tr *acquireTrace) (*Lease, error) {
 	cctx, cancel := l.callCtx(ctx)
 	defer cancel()
 	w := &waiter{wake: make(chan struct{}, 1)}
@@ -491,6 +500,12 @@ func (l *Locker) Acquire(ctx context.Context, key string) (*Lease, error) {
 	ks.queue = append(ks.queue, w)
 	l.mu.Unlock()
 	defer l.leave(key, ks, w)
+	var waited bool // asked the store's queue (wait.go)
+	defer func() {
+		if waited {
+			l.leaveTurn(key)
+		}
+	}()
 
 	var (
 		timer    *time.Timer
@@ -507,6 +522,12 @@ func (l *Locker) Acquire(ctx context.Context, key string) (*Lease, error) {
 		// this Locker, no other attempt in flight.
 		l.mu.Lock()
 		for ks.queue[0] != w || l.holder(key, ks) != nil || ks.busy {
+			if tr != nil {
+				tr.contended = true
+				if ks.held != nil {
+					tr.holder = l.owner
+				}
+			}
 			l.mu.Unlock()
 			select {
 			case <-w.wake:
@@ -526,6 +547,9 @@ func (l *Locker) Acquire(ctx context.Context, key string) (*Lease, error) {
 
 		l.mu.Lock()
 		ks.endBusy()
+		if !acquired {
+			ks.freed = time.Time{} // the next holder is not ours: no hand-off to measure
+		}
 		if acquired {
 			if l.closed {
 				l.mu.Unlock()
@@ -534,10 +558,17 @@ func (l *Locker) Acquire(ctx context.Context, key string) (*Lease, error) {
 			}
 			s := l.newLease(ctx, key, rec, sent)
 			ks.held = s
+			if tr != nil && !ks.freed.IsZero() {
+				tr.handOff = s.acquired.Sub(ks.freed)
+			}
+			ks.freed = time.Time{}
 			l.mu.Unlock()
 			return s, nil
 		}
 		l.mu.Unlock()
+		if tr != nil && err == nil {
+			tr.contended, tr.holder = true, rec.Owner
+		}
 
 		if err != nil {
 			if cctx.Err() != nil {
@@ -552,6 +583,10 @@ func (l *Locker) Acquire(ctx context.Context, key string) (*Lease, error) {
 			// Notifications start now: look again at once, so that a
 			// release between the attempt and the subscription is not
 			// missed.
+			continue
+		}
+		if err == nil && l.waitTurn(cctx, key, rec, attempts, &waited) {
+			attempts++
 			continue
 		}
 		delay := l.backoff(attempts)
@@ -607,6 +642,21 @@ func (l *Locker) leave(key string, ks *keyState, w *waiter) {
 // matches ErrLocked and names the holder. TryAcquire does not queue: it
 // may take a key that Acquire calls of this Locker are waiting for.
 func (l *Locker) TryAcquire(ctx context.Context, key string) (*Lease, error) {
+	if l.observe == nil {
+		return l.tryAcquire(ctx, key)
+	}
+	tr := &acquireTrace{start: time.Now()}
+	s, err := l.tryAcquire(ctx, key)
+	var held *HeldError
+	if errors.As(err, &held) {
+		tr.contended, tr.holder = true, held.Owner
+	}
+	l.observeAcquire(ctx, key, s, err, tr)
+	return s, err
+}
+
+// tryAcquire is TryAcquire.
+func (l *Locker) tryAcquire(ctx context.Context, key string) (*Lease, error) {
 	cctx, cancel := l.callCtx(ctx)
 	defer cancel()
 	l.mu.Lock()
@@ -638,6 +688,7 @@ func (l *Locker) TryAcquire(ctx context.Context, key string) (*Lease, error) {
 	if acquired && !l.closed {
 		s := l.newLease(ctx, key, rec, sent)
 		ks.held = s
+		ks.freed = time.Time{}
 		l.mu.Unlock()
 		return s, nil
 	}

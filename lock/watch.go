@@ -132,7 +132,10 @@ func (l *Locker) wakeAll() {
 // reported Expired, At its expiry, and the store's own later event for it
 // is dropped.
 //
-// On stores without notifications Watch polls: it lists the matching
+// On stores without notifications (or whose notifications cannot be had
+// now: their Watch fails with an error matching errors.ErrUnsupported,
+// as a read-only SQLite file this process may not write) Watch polls: it
+// lists the matching
 // locks every PollInterval (default one second) and reports the
 // differences — Acquired for a new holding, Released for a holding gone
 // before its expiry, Expired for one gone after it (both followed by
@@ -164,12 +167,16 @@ func (l *Locker) Watch(ctx context.Context, pattern string) (<-chan Event, error
 	)
 	if l.canWatch {
 		src, err = l.locks.Watch(wctx)
-		if err == nil {
-			// After subscribing, so that a holding acquired in between
-			// is in the listing or in the stream.
-			snap, err = l.snapshot(wctx, pattern)
+		if errors.Is(err, errors.ErrUnsupported) {
+			// This store cannot deliver notifications now (a read-only
+			// SQLite file this process may not write): poll, as on
+			// stores without notifications.
+			src, err = nil, nil
 		}
-	} else {
+	}
+	if err == nil {
+		// After subscribing, so that a holding acquired in between is in
+		// the listing or in the stream.
 		snap, err = l.snapshot(wctx, pattern)
 	}
 	if err != nil {

@@ -3,6 +3,7 @@ package lock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -166,4 +167,39 @@ func TestPollWatchFirstListingHangs(t *testing.T) {
 	if err := <-done; !errors.Is(err, warden.ErrStoreTimeout) {
 		t.Fatalf("Watch on a store whose listing hangs = %v, want an error matching warden.ErrStoreTimeout", err)
 	}
+}
+
+// refusesWatch is a store with notifications that it cannot deliver now:
+// its WatchLocks fails with an error matching errors.ErrUnsupported, as a
+// read-only SQLite file the process may not write does.
+type refusesWatch struct{ driver.Store }
+
+func (refusesWatch) WatchLocks(context.Context) (<-chan driver.LockEvent, error) {
+	return nil, fmt.Errorf("%w: the file cannot be written", errors.ErrUnsupported)
+}
+
+// A store whose notifications are unavailable now is polled, as a store
+// without notifications, rather than refusing the watch.
+func TestWatchPollsWhenNotificationsUnsupported(t *testing.T) {
+	db := testkit.DBName(t)
+	w := openEnv(t, db, func(d driver.Store) driver.Store { return refusesWatch{d} }).locker(t, &Options{PollInterval: 5 * time.Millisecond})
+	holder := openEnv(t, db, nil).locker(t, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	events, err := w.Watch(ctx, "*")
+	if err != nil {
+		t.Fatalf("Watch: %v, want a polled watch", err)
+	}
+	if ev := nextEvent(t, events); ev.Kind != EventsLost || !errors.Is(ev.Err, ErrPolled) {
+		t.Fatalf("first event %+v, want EventsLost with ErrPolled", ev)
+	}
+	if _, err := holder.Acquire(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	for ev := range events {
+		if ev.Kind == Acquired && ev.Key == "k" {
+			return
+		}
+	}
+	t.Fatal("the watch ended before the acquisition was reported")
 }

@@ -64,6 +64,9 @@ type cli struct {
 	// ran is set when a command's own function ran: an error is then the
 	// command's, not cobra's about the command line.
 	ran bool
+	// tel exports traces and metrics when the OTEL_EXPORTER_OTLP_*
+	// environment names a collector; nil otherwise.
+	tel *telemetry
 }
 
 // run is warden's entry point: it runs the command in args and returns the
@@ -76,9 +79,19 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 
 	c := &cli{stdin: stdin, stdout: stdout, stderr: stderr, env: env, sigs: sigs}
 	c.g = globals{output: "table", timeout: defaultTimeout}
+	tel, err := startTelemetry(ctx, c.getenv)
+	if err != nil {
+		fmt.Fprintf(stderr, "warden: telemetry off: %v\n", err)
+	}
+	c.tel = tel
+	defer func() {
+		if err := c.tel.stop(ctx); err != nil {
+			fmt.Fprintf(stderr, "warden: telemetry: %v\n", err)
+		}
+	}()
 	root := c.newRoot(ctx)
 	root.SetArgs(args)
-	err := root.ExecuteContext(ctx)
+	err = root.ExecuteContext(ctx)
 	if err != nil && !c.ran {
 		// cobra's own errors are about the command line.
 		var ue *usageError
@@ -196,6 +209,9 @@ func (c *cli) openStore(ctx context.Context) (*warden.Store, error) {
 		return nil, err
 	}
 	raw := c.g.store
+	if strings.HasPrefix(c.path, "record ") {
+		raw = recordStoreURL(raw, c.scheme())
+	}
 	if c.readOnly && c.scheme() == "sqlite" {
 		raw = withParam(raw, "mode", "ro")
 	}
@@ -209,7 +225,7 @@ func (c *cli) openStore(ctx context.Context) (*warden.Store, error) {
 			}
 		}
 	}
-	st, err := warden.OpenWith(ctx, raw, &warden.Options{Logger: slog.New(slog.DiscardHandler)})
+	st, err := warden.OpenWith(ctx, raw, &warden.Options{Logger: slog.New(slog.DiscardHandler), Hook: c.tel.hook()})
 	if err != nil {
 		err = quoteOpenURL(err, raw, c.g.store)
 		if c.scheme() == "sqlite" {

@@ -17,7 +17,7 @@ func TestHelp(t *testing.T) {
 	for _, args := range [][]string{{"--help"}, {"-h"}, {"help"}} {
 		r := invoke(t, "", args...)
 		want(t, r, 0)
-		for _, s := range []string{"Usage:", "Available Commands:", "Flags:", "--store URL", "-o, --output FORMAT", "--timeout DURATION", "Exit codes:", "Examples:", "WARDEN_STORE", "Stores (registered schemes:", "same ?prefix="} {
+		for _, s := range []string{"Usage:", "Available Commands:", "Flags:", "--store URL", "-o, --output FORMAT", "--timeout DURATION", "Exit codes:", "Examples:", "WARDEN_STORE", "Stores (registered schemes:", "same ?prefix=", "OTEL_EXPORTER_OTLP_ENDPOINT"} {
 			if !strings.Contains(r.stdout, s) {
 				t.Fatalf("%q: help lacks %q:\n%s", args, s, r.stdout)
 			}

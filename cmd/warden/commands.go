@@ -59,6 +59,7 @@ var groups = []struct{ name, summary string }{
 	{"cache", "the cache: get, set, delete, list keys, clear"},
 	{"idem", "idempotency keys: list, show, remove"},
 	{"checkpoint", "task checkpoints: list, show, prune, remove"},
+	{"record", "record locks on your own tables: list, show, release"},
 }
 
 // commands is every leaf command, in help order (set in init, since the
@@ -66,7 +67,7 @@ var groups = []struct{ name, summary string }{
 var commands []*command
 
 func init() {
-	commands = concat(lockCommands(), breakerCommands(), cacheCommands(), idemCommands(), checkpointCommands(), miscCommands())
+	commands = concat(lockCommands(), breakerCommands(), cacheCommands(), idemCommands(), checkpointCommands(), recordCommands(), miscCommands())
 }
 
 func concat(lists ...[]*command) []*command {

@@ -95,27 +95,45 @@ func TestE2ETTLTooShort(t *testing.T) {
 // lock still held with its own fencing token at the end, and warden exits
 // 0 having released it. (At the former minimum of 10ms the lease was lost
 // — exit 6 — most of the time.)
+//
+// A refresh of a 100ms lease has about 63ms to be sent and answered; on a
+// machine oversubscribed by the rest of the test run an fsync can take
+// longer, and then losing the lease (exit 6, the command stopped) is the
+// right outcome, not a defect. So a run that ends in exactly that outcome
+// is tried again on a fresh key, up to attempts times; the test fails when
+// every attempt loses the lease (what the former 10ms minimum did) or any
+// attempt ends in anything else.
 func TestE2ELockRunAtMinTTL(t *testing.T) {
 	_, url := e2eStore(t)
 	ttl := lock.MinTTL.String()
-	script := `echo "token $WARDEN_FENCING_TOKEN"; sleep 1; exec "$WARDEN" --store "$STORE" -o json lock show x`
-	r := runWarden(t, []string{"WARDEN=" + wardenBin, "STORE=" + url}, "--store", url, "lock", "run", "--ttl", ttl, "x", "--", "sh", "-c", script)
-	want(t, r, 0)
-	if r.stderr != "" {
-		t.Fatalf("lock run --ttl %s wrote to stderr: %s", ttl, r)
+	const attempts = 3
+	for i := 1; i <= attempts; i++ {
+		key := fmt.Sprintf("x%d", i)
+		script := `echo "token $WARDEN_FENCING_TOKEN"; sleep 1; exec "$WARDEN" --store "$STORE" -o json lock show "$KEY"`
+		r := runWarden(t, []string{"WARDEN=" + wardenBin, "STORE=" + url, "KEY=" + key}, "--store", url, "lock", "run", "--ttl", ttl, key, "--", "sh", "-c", script)
+		if r.code == exitLeaseLost && strings.HasPrefix(r.stderr, "warden: lock \""+key+"\" lost: ") {
+			t.Logf("attempt %d of %d lost its %s lease (a refresh answered too late on a loaded machine): %s", i, attempts, ttl, r)
+			continue
+		}
+		want(t, r, 0)
+		if r.stderr != "" {
+			t.Fatalf("lock run --ttl %s wrote to stderr: %s", ttl, r)
+		}
+		first, rest, _ := strings.Cut(r.stdout, "\n")
+		var rec struct {
+			Key   string `json:"key"`
+			Token int64  `json:"token"`
+		}
+		if err := json.Unmarshal([]byte(rest), &rec); err != nil {
+			t.Fatalf("lock show from the command: %v: %s", err, r)
+		}
+		if first != fmt.Sprintf("token %d", rec.Token) || rec.Key != key || rec.Token == 0 {
+			t.Fatalf("after 1s (%d TTLs) the lock is not the command's own holding: %s", time.Second/lock.MinTTL, r)
+		}
+		want(t, runWarden(t, nil, "--store", url, "lock", "show", key), exitNotFound)
+		return
 	}
-	first, rest, _ := strings.Cut(r.stdout, "\n")
-	var rec struct {
-		Key   string `json:"key"`
-		Token int64  `json:"token"`
-	}
-	if err := json.Unmarshal([]byte(rest), &rec); err != nil {
-		t.Fatalf("lock show from the command: %v: %s", err, r)
-	}
-	if first != fmt.Sprintf("token %d", rec.Token) || rec.Key != "x" || rec.Token == 0 {
-		t.Fatalf("after 1s (%d TTLs) the lock is not the command's own holding: %s", time.Second/lock.MinTTL, r)
-	}
-	want(t, runWarden(t, nil, "--store", url, "lock", "show", "x"), exitNotFound)
+	t.Fatalf("lock run --ttl %s lost its lease in all %d attempts", ttl, attempts)
 }
 
 // TestE2EInvalidPortIsUsage: a port no store can dial is a bad store URL

@@ -40,11 +40,12 @@ func invokeCtx(t *testing.T, ctx context.Context, stdin string, args ...string) 
 }
 
 // testEnv is the process environment without WARDEN_STORE, so that
-// tests always name their store.
+// tests always name their store, and without OpenTelemetry's variables,
+// so that no test exports telemetry unless it says so.
 func testEnv() []string {
 	var env []string
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "WARDEN_STORE=") {
+		if !strings.HasPrefix(kv, "WARDEN_STORE=") && !strings.HasPrefix(kv, "OTEL_") {
 			env = append(env, kv)
 		}
 	}

@@ -275,7 +275,7 @@ func lockWatch(ctx context.Context, c *cli, pattern string, n int) error {
 		return err
 	}
 	defer st.Close()
-	locker, err := lock.New(st, nil)
+	locker, err := lock.New(st, &lock.Options{Observe: c.tel.lockObserver()})
 	if err != nil {
 		return err
 	}

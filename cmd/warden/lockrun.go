@@ -56,7 +56,7 @@ func lockRun(ctx context.Context, c *cli, key string, argv []string, o runOption
 		return err
 	}
 	defer st.Close()
-	locker, err := lock.New(st, &lock.Options{TTL: o.ttl})
+	locker, err := lock.New(st, &lock.Options{TTL: o.ttl, Observe: c.tel.lockObserver()})
 	if err != nil {
 		ocancel()
 		return err

@@ -39,6 +39,11 @@
 //     database, cannot be read, is missing (for a command that only reads)
 //     or is read-only (for a write); a store that answers with an error (a
 //     busy SQLite file included) is an error, 1.
+//   - With OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT,
+//     …_METRICS_ENDPOINT) set, warden exports a span per command, its store
+//     operations and lock waits, and warden's metrics to that OTLP collector
+//     (package otelwarden; OTEL_EXPORTER_OTLP_PROTOCOL http/protobuf, the
+//     default, or grpc), flushed before it exits; without it none are made.
 //   - Commands that only read open a SQLite store read-only: they work on a
 //     read-only file and never create a database at a mistyped path.
 //   - Flags are GNU-style (spf13/cobra and pflag); `warden completion

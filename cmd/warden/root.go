@@ -174,7 +174,7 @@ func (c *cli) leaf(cmd *command, name string) *cobra.Command {
 		if cmd.maxArgs >= 0 && len(pos) > cmd.maxArgs {
 			return usagef(cmd, "unexpected argument %s", quoteShort(pos[cmd.maxArgs]))
 		}
-		return exec(cc.Context(), c, pos)
+		return c.tel.command(cc.Context(), cmd.path, func(ctx context.Context) error { return exec(ctx, c, pos) })
 	})
 	return lc
 }
@@ -304,6 +304,10 @@ Stores (registered schemes: %s):
 Output: -o table prints aligned columns (times in UTC); -o json prints stable
 lower_snake_case field names (times RFC 3339 UTC or null, durations in ms).
 Errors are one line on stderr in both formats.
+
+Telemetry: with OTEL_EXPORTER_OTLP_ENDPOINT (or _TRACES_/_METRICS_ENDPOINT) set,
+traces and metrics go to that OTLP collector (OTEL_EXPORTER_OTLP_PROTOCOL:
+http/protobuf or grpc); without it, none are made.
 
 Exit codes:
 `, strings.Join(warden.Schemes(), ", "))

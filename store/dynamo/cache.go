@@ -40,6 +40,7 @@ func expiryMs(it item) (ms int64, ok bool) {
 
 func (c cache) item(key string, value []byte, ttl time.Duration, now int64, req string) item {
 	it := itemKey(c.s.cachePfx+key, metaSK)
+	it[aLpk] = vS(c.s.cachePfx)
 	if len(value) > 0 {
 		it[aData] = dataValue(value, c.s.maxValue)
 	}
@@ -104,23 +105,29 @@ func (c cache) Has(ctx context.Context, key string) (bool, error) {
 	return ok, err
 }
 
-// Clear implements driver.Cache: a filtered Scan of the table, then
-// BatchWriteItem deletes.
+// Clear implements driver.Cache: the namespace's entries (see walk: a
+// Query of the list index and consistent BatchGetItem reads, which tell
+// the live ones to count), then BatchWriteItem deletes, 25 a request.
+// Deletes are unconditional: Clear removes every entry, whatever its
+// state.
 func (c cache) Clear(ctx context.Context) (int64, error) {
 	s := c.s
 	var keys []item
 	var live int64
 	now := nowMs()
-	err := s.scan(ctx, "listing cache entries", func(it item) error {
-		if gS(it, aSk) != metaSK {
-			return nil
+	want := func(pk, sk string) need {
+		if sk == metaSK {
+			return load
 		}
-		keys = append(keys, itemKey(gS(it, aPk), metaSK))
+		return skip
+	}
+	err := s.walk(ctx, "listing cache entries", []span{{s.cachePfx, ""}}, want, func(pk, _ string, it item) error {
+		keys = append(keys, itemKey(pk, metaSK))
 		if cacheLive(it, now) {
 			live++
 		}
 		return nil
-	}, s.cachePfx)
+	})
 	if err != nil {
 		return 0, err
 	}
@@ -130,7 +137,7 @@ func (c cache) Clear(ctx context.Context) (int64, error) {
 	return live, nil
 }
 
-// Keys implements driver.Cache: a filtered Scan (see locks.List).
+// Keys implements driver.Cache: see locks.List.
 func (c cache) Keys(ctx context.Context, pattern driver.Pattern) ([]string, error) {
 	s := c.s
 	var out []string

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
@@ -81,9 +82,10 @@ func (c checkpoints) Save(ctx context.Context, in driver.CheckpointInput) (drive
 	now := nowMs()
 	req := reqID()
 	vals := item{":one": vN(1), ":now": vN(now), ":tok": vN(in.Token), ":zero": vN(0), ":req": vS(req)}
-	upd, cond := "SET #fence = if_not_exists(#fence, :zero), #updatedAt = :now, #req = :req ADD #seq :one", notMine
+	lpk := lpkSet(s.cpPfx, vals)
+	upd, cond := "SET #fence = if_not_exists(#fence, :zero), #updatedAt = :now, #req = :req"+lpk+" ADD #seq :one", notMine
 	if in.Token > 0 {
-		upd = "SET #fence = :tok, #updatedAt = :now, #req = :req ADD #seq :one"
+		upd = "SET #fence = :tok, #updatedAt = :now, #req = :req" + lpk + " ADD #seq :one"
 		cond = "(attribute_not_exists(#fence) OR #fence <= :tok) AND " + notMine
 	}
 	attrs, failed, old, err := s.update(ctx, "saving checkpoint", pk, fenceSK, upd, cond, vals, types.ReturnValueAllNew)
@@ -106,6 +108,7 @@ func (c checkpoints) Save(ctx context.Context, in driver.CheckpointInput) (drive
 	seq := gN(attrs, aSeq)
 	it := itemKey(pk, seqSK(seq))
 	it[aSeq], it[aTime], it[aProgress], it[aToken] = vN(seq), vN(now), vF(in.Progress), vN(in.Token)
+	it[aLpk] = vS(s.cpPfx)
 	if len(in.Data) > 0 {
 		it[aData] = vB(in.Data)
 	}
@@ -120,10 +123,10 @@ func (c checkpoints) Save(ctx context.Context, in driver.CheckpointInput) (drive
 
 // Fence implements driver.Checkpoints: one conditional UpdateItem.
 func (c checkpoints) Fence(ctx context.Context, taskID string, token int64) (bool, error) {
+	vals := item{":tok": vN(token), ":now": vN(nowMs()), ":zero": vN(0)}
 	_, failed, _, err := c.s.update(ctx, "fencing task", c.s.cpPfx+taskID, fenceSK,
-		"SET #fence = :tok, #updatedAt = :now, #seq = if_not_exists(#seq, :zero)",
-		"attribute_not_exists(#fence) OR #fence <= :tok",
-		item{":tok": vN(token), ":now": vN(nowMs()), ":zero": vN(0)}, types.ReturnValueNone)
+		"SET #fence = :tok, #updatedAt = :now, #seq = if_not_exists(#seq, :zero)"+lpkSet(c.s.cpPfx, vals),
+		"attribute_not_exists(#fence) OR #fence <= :tok", vals, types.ReturnValueNone)
 	return err == nil && !failed, err
 }
 
@@ -279,12 +282,14 @@ func (c checkpoints) deleteThrough(ctx context.Context, taskID string, keep int,
 	return 0, false, errCheckpointRace
 }
 
-// Tasks implements driver.Checkpoints: a filtered Scan (see locks.List)
-// that reads the fence items too; a task is listed if it has a checkpoint
-// above its fence item's deletedThrough. (A Scan that starts after a
-// deletion returned reads a deletedThrough that covers every late write
-// of the deletion's sequences, in whatever order it reads the items.) A
-// literal pattern is one task's Latest.
+// Tasks implements driver.Checkpoints: the keys of the namespace's
+// checkpoints (see walk: a Query of the list index; the sequences are in
+// their sort keys), then consistent reads of those tasks' fence items
+// (BatchGetItem); a task is listed if it has a checkpoint
+// above its fence item's deletedThrough. (A fence read after the listing
+// started, after a deletion returned, has a deletedThrough that covers
+// every late write of the deletion's sequences, in whatever order the
+// items are read.) A literal pattern is one task's Latest.
 func (c checkpoints) Tasks(ctx context.Context, pattern driver.Pattern) ([]string, error) {
 	s := c.s
 	if lit, ok := pattern.Literal(); ok {
@@ -296,17 +301,31 @@ func (c checkpoints) Tasks(ctx context.Context, pattern driver.Pattern) ([]strin
 	}
 	top := map[string]int64{}   // task → its highest sequence
 	floor := map[string]int64{} // task → its deletedThrough
-	err := s.scan(ctx, "listing tasks", func(it item) error {
-		t, ok := cutPrefix(gS(it, aPk), s.cpPfx)
-		switch {
-		case !ok || !pattern.Match(t):
-		case gS(it, aSk) == fenceSK:
-			floor[t] = gN(it, aDone)
-		default:
-			top[t] = max(top[t], gN(it, aSeq))
+	want := func(pk, sk string) need {
+		if t, ok := cutPrefix(pk, s.cpPfx); ok && sk != fenceSK && pattern.Match(t) {
+			return keyOnly
+		}
+		return skip
+	}
+	err := s.walk(ctx, "listing tasks", []span{{s.cpPfx, pattern.Prefix()}}, want, func(pk, sk string, _ item) error {
+		if seq, err := strconv.ParseInt(sk, 10, 64); err == nil {
+			t, _ := cutPrefix(pk, s.cpPfx)
+			top[t] = max(top[t], seq)
 		}
 		return nil
-	}, s.cpPfx+pattern.Prefix())
+	})
+	if err != nil {
+		return nil, err
+	}
+	fences := make([]item, 0, len(top))
+	for t := range top {
+		fences = append(fences, itemKey(s.cpPfx+t, fenceSK))
+	}
+	err = s.batchGet(ctx, "listing tasks", fences, func(it item) error {
+		t, _ := cutPrefix(gS(it, aPk), s.cpPfx)
+		floor[t] = gN(it, aDone)
+		return nil
+	})
 	out := make([]string, 0, len(top))
 	for t, seq := range top {
 		if seq > floor[t] {

@@ -165,7 +165,7 @@ func (c circuits) changeGen(ctx context.Context, op, name string, gen, epoch int
 		}
 		ev := s.evSet(s.circEvt, now, req, v)
 		vr := variants[i]
-		upd := "SET #updatedAt = :now, #req = :req" + ev + ", " + vr.upd
+		upd := "SET #updatedAt = :now, #req = :req" + lpkSet(s.circPfx, v) + ev + ", " + vr.upd
 		cond := notMine
 		if vr.cond != "" {
 			cond = paren(vr.cond) + " AND " + notMine
@@ -430,7 +430,7 @@ func (c circuits) grant(ctx context.Context, op, name, upd, cond string, vals it
 	req := reqID()
 	vals[":now"], vals[":req"], vals[":one"], vals[":zero"] = vN(now), vS(req), vN(1), vN(0)
 	vals[":open"], vals[":half"], vals[":closed"] = vS(string(driver.Open)), vS(string(driver.HalfOpen)), vS(string(driver.Closed))
-	upd = "SET #updatedAt = :now, #req = :req" + s.evSet(s.circEvt, now, req, vals) + ", " + upd
+	upd = "SET #updatedAt = :now, #req = :req" + lpkSet(s.circPfx, vals) + s.evSet(s.circEvt, now, req, vals) + ", " + upd
 	attrs, failed, old, err := s.update(ctx, op, pk, metaSK, upd, paren(cond)+" AND "+notMine, vals, types.ReturnValueAllNew)
 	if err != nil {
 		return nil, false, err
@@ -567,7 +567,7 @@ func (c circuits) Delete(ctx context.Context, name string) (bool, error) {
 	return old != nil, err
 }
 
-// List implements driver.Circuits: a filtered Scan (see locks.List).
+// List implements driver.Circuits: see locks.List.
 func (c circuits) List(ctx context.Context, pattern driver.Pattern) ([]driver.CircuitRecord, error) {
 	s := c.s
 	var out []driver.CircuitRecord

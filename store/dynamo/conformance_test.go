@@ -24,7 +24,10 @@ import (
 
 // TestMain lets the conformance suite re-execute this test binary as the
 // child processes of its multi-process checks.
-func TestMain(m *testing.M) { drivertest.Main(m) }
+func TestMain(m *testing.M) {
+	recordChild()
+	drivertest.Main(m)
+}
 
 // endpoint returns the test server's endpoint, or skips (fails with
 // WARDEN_TEST_REQUIRE) without one.
@@ -203,6 +206,9 @@ func TestConformanceNew(t *testing.T) {
 	g := newGroupTables(t)
 	drivertest.Run(t, drivertest.Harness{
 		Name: "dynamodb-new",
+		// The same statements as TestConformance on other names: the
+		// groups where how the store was made shows.
+		Groups: drivertest.ConstructionGroups,
 		Open: func(t testing.TB, prefix string) *warden.Store {
 			st, err := dynamo.New(newClient(t), g.table(t), &dynamo.Options{Prefix: prefix})
 			if err != nil {

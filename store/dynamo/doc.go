@@ -20,6 +20,12 @@
 // that index to deliver lock and circuit events to every process. A table
 // without the index still works, without notifications.
 //
+// Every item warden writes also carries lpk, the key of a second sparse
+// index ([ListIndex], keys only): listings (Keys, List, Tasks, Clear,
+// Purge) Query their namespace in it and read the records with
+// BatchGetItem, instead of scanning the table. On a table without it they
+// Scan; Migrate adds it and tags older items.
+//
 // Open a store with [Open], with [New] on an existing *dynamodb.Client, or
 // with warden.Open and a URL:
 //

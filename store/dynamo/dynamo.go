@@ -34,6 +34,12 @@ const DefaultMaxValueBytes = 400<<10 - 8<<10
 // store's watcher polls for notifications.
 const EventsIndex = "warden-events"
 
+// ListIndex is the name of the sparse global secondary index (partition
+// key lpk: the kind and namespace, sort key pk, keys only) that every item
+// warden writes feeds, so that listings (Keys, List, Tasks, Clear, Purge)
+// Query the namespace instead of scanning the table.
+const ListIndex = "warden-list"
+
 // Defaults of [Options].
 const (
 	// DefaultEventPoll is how often the watcher polls the events index.
@@ -62,7 +68,9 @@ type Options struct {
 	// missing; call Migrate (warden.Store's Migrate) or CreateTable
 	// yourself. The zero value creates a missing table (with the events
 	// index and TTL) when the store opens. An existing table is never
-	// changed when a store opens; Migrate adds a missing events index.
+	// changed when a store opens; Migrate adds a missing events index
+	// and list index. A store opened on a table without the list index
+	// lists by scanning the table (and logs a warning saying so).
 	DisableAutoCreate bool
 	// DisableEvents stops lock and circuit writes from feeding the events
 	// index and turns notifications off; the portable packages then poll.
@@ -103,6 +111,7 @@ type store struct {
 	lookback  time.Duration
 	retention time.Duration
 	pageLimit int32  // Limit of each Scan/Query page; 0: DynamoDB's 1 MB pages
+	byIndex   bool   // listings Query the list index (else they Scan the table)
 	conns     *conns // the connections of the store's own HTTP client (Open); nil for New's
 
 	lockPfx, circPfx, cachePfx, idemPfx, cpPfx string
@@ -338,7 +347,7 @@ func newStore(ctx context.Context, client *dynamodb.Client, table string, opts *
 		if err := s.createTable(ctx); err != nil {
 			return nil, err
 		}
-		info = tableInfo{exists: true, index: true}
+		info = tableInfo{exists: true, index: true, list: true}
 	} else if info.status != types.TableStatusActive || !info.index {
 		// Being created (or its index built) by someone else: wait, then
 		// look again.
@@ -348,6 +357,13 @@ func newStore(ctx context.Context, client *dynamodb.Client, table string, opts *
 		if info, err = s.describe(ctx); err != nil {
 			return nil, err
 		}
+	}
+	// A list index still being built (Migrate on a large table can take
+	// long) is not waited for: the store lists by Scan until reopened.
+	s.byIndex = info.list
+	if !info.list {
+		slog.Default().Warn("dynamo: the table has no list index: listings (Keys, List, Tasks, Clear, Purge) scan the whole table; run Migrate (warden migrate) to add it",
+			"table", table, "index", ListIndex)
 	}
 	if info.index && !opts.DisableEvents {
 		s.events = true

@@ -21,3 +21,10 @@ func SetTries(st *warden.Store, n int) { st.Driver().(driverStore).base().tries 
 // SetRace sets the hook st's retry loops call where they can lose a race
 // (see store.raced for the sites).
 func SetRace(st *warden.Store, f func(site string)) { st.Driver().(driverStore).base().race = f }
+
+// ListsByIndex reports whether st's listings Query the list index (else
+// they Scan the table).
+func ListsByIndex(st *warden.Store) bool { return st.Driver().(driverStore).base().byIndex }
+
+// LpkOf is the list index key of an item of pk (see lpkOf).
+var LpkOf = lpkOf

@@ -48,7 +48,7 @@ func (d idempotency) Claim(ctx context.Context, key, owner string, lease time.Du
 		req := reqID()
 		vals := item{":o": vS(owner), ":now": vN(now), ":exp": vN(exp), ":ttl": vN(ttlSeconds(exp)),
 			":pending": vS(string(driver.IdemPending)), ":req": vS(req)}
-		upd := "SET #status = :pending, #owner = :o, #createdAt = :now, #expiresAtMs = :exp, #expiresAt = :ttl, #req = :req"
+		upd := "SET #status = :pending, #owner = :o, #createdAt = :now, #expiresAtMs = :exp, #expiresAt = :ttl, #req = :req" + lpkSet(s.idemPfx, vals)
 		rm := " REMOVE #data"
 		if fingerprint != "" {
 			vals[":fp"] = vS(fingerprint)
@@ -191,6 +191,7 @@ func (d idempotency) Set(ctx context.Context, key string, result []byte, ttl tim
 	it := itemKey(d.s.idemPfx+key, metaSK)
 	it[aStatus] = vS(string(driver.IdemCompleted))
 	it[aCreated] = vN(now)
+	it[aLpk] = vS(d.s.idemPfx)
 	if len(result) > 0 {
 		it[aData] = vB(result)
 	}
@@ -209,7 +210,7 @@ func (d idempotency) Delete(ctx context.Context, key string) (bool, error) {
 	return idemLive(old, nowMs()), err
 }
 
-// List implements driver.Idempotency: a filtered Scan (see locks.List).
+// List implements driver.Idempotency: see locks.List.
 func (d idempotency) List(ctx context.Context, pattern driver.Pattern) ([]driver.IdemRecord, error) {
 	s := d.s
 	var out []driver.IdemRecord

@@ -24,6 +24,7 @@ const (
 	aSk         = "sk"
 	aGpk        = "gpk" // events index partition key: EVT#<prefix><kind tag>
 	aGsk        = "gsk" // events index sort key: zero-padded ms of the write, '#', process sequence, '#', request id
+	aLpk        = "lpk" // list index partition key: the pk prefix of the item's kind and namespace (KIND#<prefix><tag>)
 	aTTL        = "expiresAt"
 	aExp        = "expiresAtMs"
 	aOwner      = "owner"
@@ -277,20 +278,50 @@ func (s *store) scan(ctx context.Context, op string, each func(item) error, pfxs
 	if s.pageLimit > 0 {
 		in.Limit = aws.Int32(s.pageLimit)
 	}
-	for {
+	return s.paged(ctx, op, s.scanPages(ctx, in), eachItem(each))
+}
+
+// scanPages reads the pages of in for paged.
+func (s *store) scanPages(ctx context.Context, in *dynamodb.ScanInput) func(start item) ([]item, item, error) {
+	return func(start item) ([]item, item, error) {
+		in.ExclusiveStartKey = start
 		out, err := s.c.Scan(ctx, in)
 		if err != nil {
-			return s.err(ctx, op, err)
+			return nil, nil, err
 		}
-		for _, it := range out.Items {
+		return out.Items, out.LastEvaluatedKey, nil
+	}
+}
+
+// eachItem calls each for every item of a page, for paged.
+func eachItem(each func(item) error) func(page []item) error {
+	return func(page []item) error {
+		for _, it := range page {
 			if err := each(it); err != nil {
 				return err
 			}
 		}
-		if len(out.LastEvaluatedKey) == 0 {
+		return nil
+	}
+}
+
+// paged reads pages with read, from the start (start nil) and then from
+// each page's last evaluated key until a page has none, calling each for
+// every page.
+func (s *store) paged(ctx context.Context, op string, read func(start item) (page []item, last item, err error), each func(page []item) error) error {
+	var start item
+	for {
+		page, last, err := read(start)
+		if err != nil {
+			return s.err(ctx, op, err)
+		}
+		if err := each(page); err != nil {
+			return err
+		}
+		if len(last) == 0 {
 			return nil
 		}
-		in.ExclusiveStartKey = out.LastEvaluatedKey
+		start = last
 	}
 }
 
@@ -332,7 +363,7 @@ func (s *store) query(ctx context.Context, op, pk, from, to string, forward bool
 }
 
 // deleteKeys deletes items by key with BatchWriteItem, 25 at a time,
-// resending unprocessed ones.
+// resending unprocessed ones with a backoff bounded by ctx.
 func (s *store) deleteKeys(ctx context.Context, op string, keys []item) error {
 	for len(keys) > 0 {
 		n := min(25, len(keys))
@@ -351,14 +382,9 @@ func (s *store) deleteKeys(ctx context.Context, op string, keys []item) error {
 			}
 			reqs = out.UnprocessedItems[s.table]
 			if len(reqs) > 0 {
-				t := time.NewTimer(delay)
-				select {
-				case <-ctx.Done():
-					t.Stop()
-					return ctx.Err()
-				case <-t.C:
+				if err := pause(ctx, &delay); err != nil {
+					return err
 				}
-				delay = min(2*delay, time.Second)
 			}
 		}
 	}
@@ -389,8 +415,8 @@ func gskOf(ms int64, req string) string { return fmt.Sprintf("%015d#%s", ms, req
 
 // list reads the items of kind pfx (sk METADATA) whose key may match
 // pattern: one consistent GetItem for a pattern without wildcards, else
-// a filtered Scan on the pattern's literal prefix (O(table)). The caller
-// still matches every key.
+// the items of the namespace whose key starts with the pattern's literal
+// prefix and matches it (see walk). The caller still matches every key.
 func (s *store) list(ctx context.Context, op, pfx string, pattern driver.Pattern, each func(item) error) error {
 	if lit, ok := pattern.Literal(); ok {
 		it, err := s.get(ctx, op, pfx+lit, metaSK)
@@ -399,5 +425,12 @@ func (s *store) list(ctx context.Context, op, pfx string, pattern driver.Pattern
 		}
 		return each(it)
 	}
-	return s.scan(ctx, op, each, pfx+pattern.Prefix())
+	want := func(pk, sk string) need {
+		k, ok := cutPrefix(pk, pfx)
+		if ok && sk == metaSK && pattern.Match(k) {
+			return load
+		}
+		return skip
+	}
+	return s.walk(ctx, op, []span{{pfx, pattern.Prefix()}}, want, func(_, _ string, it item) error { return each(it) })
 }

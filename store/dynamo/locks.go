@@ -137,7 +137,7 @@ func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 			":base1": vN(base), ":one": vN(1), ":req": vS(req)}
 		cond, version := acquireForm(form)
 		upd := "SET #owner = :o, #version = " + version + ", #acquiredAt = :now, #expiresAtMs = :exp, " +
-			"#expiresAt = :ttl, #updatedAt = :now, #req = :req" + s.evSet(s.lockEvt, now, req, vals) + " REMOVE #releasedAt"
+			"#expiresAt = :ttl, #updatedAt = :now, #req = :req" + lpkSet(s.lockPfx, vals) + s.evSet(s.lockEvt, now, req, vals) + " REMOVE #releasedAt"
 		attrs, failed, old, err := s.update(ctx, "acquiring lock", pk, metaSK, upd, cond, vals, types.ReturnValueAllNew)
 		if err != nil {
 			return driver.LockRecord{}, false, err
@@ -277,8 +277,10 @@ func (l locks) Get(ctx context.Context, key string) (driver.LockRecord, bool, er
 	return lockRec(key, it), true, nil
 }
 
-// List implements driver.Locks: a Scan of the table filtered on the
-// namespace and the pattern's literal prefix, matched here.
+// List implements driver.Locks: a Query of the list index on the
+// namespace and the pattern's literal prefix, the keys matched here, then
+// consistent BatchGetItem reads of the matching items (store.list, walk);
+// one GetItem for a pattern without wildcards.
 func (l locks) List(ctx context.Context, pattern driver.Pattern) ([]driver.LockRecord, error) {
 	s := l.s
 	var out []driver.LockRecord

@@ -3,6 +3,9 @@ package dynamo_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"reflect"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -278,5 +281,204 @@ func TestLostReplies(t *testing.T) {
 	cp, ok, err = st.Checkpoints().Save(ctx, driver.CheckpointInput{TaskID: "t", Token: 3})
 	if err != nil || !ok || cp.Sequence != 2 {
 		t.Errorf("next Save: %+v ok=%v err=%v, want sequence 2", cp, ok, err)
+	}
+}
+
+// attemptsByOp counts the requests a client sends (every attempt), by
+// operation name.
+type attemptsByOp struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *attemptsByOp) middleware(st *middleware.Stack) error {
+	return st.Finalize.Add(middleware.FinalizeMiddlewareFunc("warden-count-ops",
+		func(ctx context.Context, in middleware.FinalizeInput, next middleware.FinalizeHandler) (middleware.FinalizeOutput, middleware.Metadata, error) {
+			c.mu.Lock()
+			c.n[awsmw.GetOperationName(ctx)]++
+			c.mu.Unlock()
+			return next.HandleFinalize(ctx, in)
+		}), middleware.After)
+}
+
+// take returns the counts since the last take and starts again.
+func (c *attemptsByOp) take() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := c.n
+	c.n = map[string]int{}
+	return n
+}
+
+// pages is the most Query pages a listing of n index entries reads with
+// limit entries a page: the last may be empty.
+func pages(n, limit int) int { return n/limit + 1 }
+
+// ceilDiv is ⌈a/b⌉.
+func ceilDiv(a, b int) int { return (a + b - 1) / b }
+
+// TestListingRoundTrips proves that listings do not Scan: Keys, List,
+// Tasks, Clear and Purge Query the list index of their namespace (every
+// page), read what they need with BatchGetItem (100 keys a request) and
+// delete with BatchWriteItem (Clear, 25 a request) or conditional
+// DeleteItem (Purge, one per record it removes). The number of requests
+// is bounded by the namespace's pages, and does not change when another
+// namespace of the table grows.
+func TestListingRoundTrips(t *testing.T) {
+	ctx := t.Context()
+	ops := &attemptsByOp{n: map[string]int{}}
+	table := testTable(t)
+	st, err := dynamo.New(newClient(t, ops.middleware), table, &dynamo.Options{Prefix: "ls:", DisableEvents: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if !dynamo.ListsByIndex(st) {
+		t.Fatal("a store on a table it created does not list by the list index")
+	}
+	const limit, n = 4, 30
+	dynamo.SetPageLimit(st, limit)
+	for i := range n {
+		k := fmt.Sprintf("k%02d", i)
+		if err := st.Cache().Set(ctx, k, []byte("v"), time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+		rec, ok, err := st.Locks().Acquire(ctx, k, "o", time.Minute)
+		if err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+		if ok, err := st.Locks().Release(ctx, k, "o", rec.Token); err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+		if _, err := st.Circuits().RecordFailure(ctx, k, 5); err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Idempotency().Set(ctx, k, []byte("r"), time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok, err := st.Checkpoints().Save(ctx, driver.CheckpointInput{TaskID: k, Token: 1}); err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+	}
+	// Another namespace of the same table, larger: it must not change
+	// what the listings of ls: cost.
+	other, err := dynamo.New(newClient(t), table, &dynamo.Options{Prefix: "big:", DisableEvents: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+
+	type want struct{ query, get int }
+	check := func(what string, got map[string]int, w want, extra map[string]int) {
+		t.Helper()
+		if got["Scan"] != 0 {
+			t.Errorf("%s: %d Scan requests, want none", what, got["Scan"])
+		}
+		if got["Query"] < 1 || got["Query"] > w.query {
+			t.Errorf("%s: %d Query requests, want 1 to %d", what, got["Query"], w.query)
+		}
+		if got["BatchGetItem"] > w.get {
+			t.Errorf("%s: %d BatchGetItem requests, want at most %d", what, got["BatchGetItem"], w.get)
+		}
+		for op, max := range extra {
+			if got[op] > max {
+				t.Errorf("%s: %d %s requests, want at most %d", what, got[op], op, max)
+			}
+		}
+		for op, c := range got {
+			if op != "Query" && op != "BatchGetItem" && extra[op] == 0 && c > 0 {
+				t.Errorf("%s: %d unexpected %s requests", what, c, op)
+			}
+		}
+		t.Logf("%-28s %v", what, got)
+	}
+	listing := want{query: pages(n, limit), get: ceilDiv(n, 100)}
+	run := func(round string) map[string]map[string]int {
+		counts := map[string]map[string]int{}
+		measure := func(what string, f func() (int, error), wantLen int, w want) {
+			t.Helper()
+			ops.take()
+			got, err := f()
+			if err != nil || got != wantLen {
+				t.Fatalf("%s %s: %d, %v; want %d", round, what, got, err, wantLen)
+			}
+			c := ops.take()
+			counts[what] = c
+			check(round+" "+what, c, w, nil)
+		}
+		measure("Locks.List", func() (int, error) {
+			l, err := st.Locks().List(ctx, "*")
+			return len(l), err
+		}, 0, listing) // released: read, not listed
+		measure("Circuits.List", func() (int, error) {
+			l, err := st.Circuits().List(ctx, "k*")
+			return len(l), err
+		}, n, listing)
+		measure("Idempotency.List", func() (int, error) {
+			l, err := st.Idempotency().List(ctx, "*")
+			return len(l), err
+		}, n, listing)
+		measure("Cache.Keys (expired)", func() (int, error) {
+			l, err := st.Cache().Keys(ctx, "*")
+			return len(l), err
+		}, 0, listing)
+		measure("Checkpoints.Tasks", func() (int, error) {
+			l, err := st.Checkpoints().Tasks(ctx, "k*")
+			return len(l), err
+		}, n, want{query: pages(2*n, limit), get: ceilDiv(n, 100)}) // checkpoints and fences
+		// A pattern's literal prefix narrows the Query: k1* reads the
+		// 10 entries k10…k19 (3 pages of 4) and loads only those.
+		measure("Circuits.List k1*", func() (int, error) {
+			l, err := st.Circuits().List(ctx, "k1*")
+			return len(l), err
+		}, 10, want{query: pages(10, limit), get: 1})
+		return counts
+	}
+	before := run("small table")
+	for i := range 2 * n {
+		if err := other.Cache().Set(ctx, fmt.Sprintf("k%03d", i), []byte("v"), 0); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := other.Circuits().RecordFailure(ctx, fmt.Sprintf("k%03d", i), 5); err != nil {
+			t.Fatal(err)
+		}
+	}
+	after := run("larger table")
+	if !reflect.DeepEqual(before, after) {
+		t.Errorf("listings cost more requests after another namespace grew:\nbefore %v\nafter  %v", before, after)
+	}
+
+	// Purge: one Query per kind (every page), one BatchGetItem per 100
+	// items it reads (locks, cache entries, idempotency records, fences;
+	// not the checkpoints: 30 locks, 30 cache entries, 30 idempotency
+	// records and 30 fences), one conditional DeleteItem per record removed:
+	// the 30 expired cache entries and the 30 released lock items.
+	ops.take()
+	removed, err := st.Purge(ctx, time.Millisecond) // released seconds ago
+	if err != nil || removed != 2*n {
+		t.Fatalf("Purge: %d, %v; want %d", removed, err, 2*n)
+	}
+	c := ops.take()
+	check("Purge", c, want{query: 3*pages(n, limit) + pages(2*n, limit), get: ceilDiv(4*n, 100)}, map[string]int{"DeleteItem": 2 * n})
+	if c["DeleteItem"] != 2*n {
+		t.Errorf("Purge: %d DeleteItem requests, want %d", c["DeleteItem"], 2*n)
+	}
+
+	// Clear: the Query, the reads that tell the live entries, and one
+	// BatchWriteItem per 25 deletes.
+	for i := range n {
+		if err := st.Cache().Set(ctx, fmt.Sprintf("c%02d", i), []byte("v"), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ops.take()
+	cleared, err := st.Cache().Clear(ctx)
+	if err != nil || cleared != n {
+		t.Fatalf("Clear: %d, %v; want %d", cleared, err, n)
+	}
+	c = ops.take()
+	check("Cache.Clear", c, listing, map[string]int{"BatchWriteItem": ceilDiv(n, 25)})
+	if keys, err := other.Cache().Keys(ctx, "*"); err != nil || len(keys) != 2*n {
+		t.Errorf("the other namespace's keys after Clear: %d, %v; want %d", len(keys), err, 2*n)
 	}
 }

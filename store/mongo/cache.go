@@ -23,8 +23,7 @@ import (
 // it inserts its own, with an ObjectId _id and no namespace. warden reads,
 // overwrites and deletes such a document as the entry of its key: a lookup
 // by _id that finds nothing also looks for a document with that key and
-// no namespace (in the same query on MongoDB; as a second one on servers
-// that scan for any filter but _id), and a write that collides with one on
+// no namespace (in the same query), and a write that collides with one on
 // the unique key index writes into it.
 type cache struct{ s *store }
 
@@ -52,30 +51,22 @@ func (s *store) kindRange(prefix string) bson.D {
 }
 
 // findEntry reads the entry of stored key sk: warden's document, else the
-// go-go-scope adapter's.
+// go-go-scope adapter's, in one query whose branches are both indexed
+// (_id, key_1). warden's document wins should both exist (the sort puts
+// strings before ObjectIds).
 func (c cache) findEntry(ctx context.Context, sk string, d *cacheDoc) error {
 	s := c.s
-	proj := options.FindOne().SetProjection(set("value", 1, "expiresAt", 1))
-	if !s.scans {
-		// One query; both branches are indexed (_id, key_1). warden's
-		// document wins should both exist (the sort puts strings before
-		// ObjectIds).
-		f := bson.D{{Key: "$or", Value: bson.A{s.nsKey(sk), nodeEntry(sk)}}}
-		return s.cache.FindOne(ctx, f, proj.SetSort(set("_id", 1))).Decode(d)
-	}
-	err := s.cache.FindOne(ctx, s.nsKey(sk), proj).Decode(d)
-	if errors.Is(err, mongo.ErrNoDocuments) {
-		err = s.cache.FindOne(ctx, nodeEntry(sk), proj).Decode(d)
-	}
-	return err
+	f := bson.D{{Key: "$or", Value: bson.A{s.nsKey(sk), nodeEntry(sk)}}}
+	proj := options.FindOne().SetProjection(set("value", 1, "expiresAt", 1)).SetSort(set("_id", 1))
+	return s.cache.FindOne(ctx, f, proj).Decode(d)
 }
 
 // Get implements driver.Cache: one find.
 func (c cache) Get(ctx context.Context, key string) (driver.CacheEntry, bool, error) {
 	s := c.s
 	var d cacheDoc
-	// Reads filter on _id and check expiry here: one document, read
-	// atomically, and the only filter FerretDB looks up without a scan.
+	// The read checks expiry here, on the document it read: one
+	// document, read atomically.
 	t := now()
 	err := c.findEntry(ctx, s.cachePfx+key, &d)
 	if errors.Is(err, mongo.ErrNoDocuments) || (err == nil && !liveAt(d.ExpiresAt, t)) {

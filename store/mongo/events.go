@@ -234,8 +234,12 @@ func (h *hub) start(ctx context.Context) (func(context.Context, *eventhub.Run), 
 // are told events were lost and the stream continues from its end.
 func (h *hub) loop(ctx context.Context, run *eventhub.Run, last bson.ObjectID) {
 	backoff := minBackoff
+	failed := false // the last cursor ended in an error
 	for ctx.Err() == nil {
-		passed, got, err := h.tail(ctx, run, &last)
+		passed, got, err := h.tail(ctx, run, &last, &failed)
+		if err != nil {
+			failed = true
+		}
 		if ctx.Err() != nil {
 			return
 		}
@@ -248,9 +252,9 @@ func (h *hub) loop(ctx context.Context, run *eventhub.Run, last bson.ObjectID) {
 				last = id
 			}
 		}
-		if got || err == nil && passed && h.s.scans {
-			// Delivered something, or reopening an idle FerretDB cursor:
-			// reopen at once.
+		if got || err == nil && passed {
+			// Delivered something, or the cursor ended cleanly (closed by
+			// the server, or reopened as idle): reopen at once.
 			backoff = minBackoff
 		} else if backoff < maxBackoff {
 			backoff = min(2*backoff, maxBackoff)
@@ -268,22 +272,29 @@ func (h *hub) loop(ctx context.Context, run *eventhub.Run, last bson.ObjectID) {
 	}
 }
 
-// tail reads one tailable cursor until it dies. passed reports whether it
+// tail reads one tailable cursor until it dies, or until it has returned
+// nothing for the timing's reopenIdle (the reopened cursor skips to last,
+// so nothing is delivered twice or missed). passed reports whether it
 // reached the last event seen before; got whether it delivered anything.
+// How the cursor waits for new events is the store's tailTiming, the only
+// part that depends on the server.
 //
-// On MongoDB the cursor is tailable and awaitData: a getMore waits on the
-// server until an event is inserted. FerretDB (found by the capability
-// probe) implements awaitData by re-running the query under a timeout
-// whose expiry can interrupt other statements on its SQLite connections,
-// so there the cursor is plainly tailable and the store waits pollEvery
-// between empty getMores.
-func (h *hub) tail(ctx context.Context, run *eventhub.Run, last *bson.ObjectID) (passed, got bool, err error) {
+// *failed says the previous cursor ended in an error (a server gone, a
+// connection cut): events written meanwhile may have been lost — a
+// writer that could not insert its event drops it, and a server that
+// restarted may not have kept it — so once a cursor is open again the
+// subscribers are told (EventsLost), and *failed is cleared.
+func (h *hub) tail(ctx context.Context, run *eventhub.Run, last *bson.ObjectID, failed *bool) (passed, got bool, err error) {
+	tm := h.s.tailing
 	o := options.Find().SetBatchSize(1)
-	if h.s.scans {
-		o.SetCursorType(options.Tailable)
+	if tm.await > 0 {
+		o.SetCursorType(options.TailableAwait).SetMaxAwaitTime(tm.await)
 	} else {
-		o.SetCursorType(options.TailableAwait).SetMaxAwaitTime(awaitTime)
+		o.SetCursorType(options.Tailable) // the server answers an empty getMore at once
 	}
+	// The last event seen must still be there when a reopened cursor skips
+	// to it: the event writer trims events older than the retention.
+	idle := min(tm.reopenIdle, h.s.evRetention/2)
 	cur, err := h.s.events.Find(ctx, bson.D{}, o)
 	if err != nil {
 		return true, false, err
@@ -293,6 +304,12 @@ func (h *hub) tail(ctx context.Context, run *eventhub.Run, last *bson.ObjectID) 
 		defer cancel()
 		_ = cur.Close(cctx)
 	}()
+	if *failed {
+		if !h.deliver(run, nil, true) {
+			return true, false, nil
+		}
+		*failed = false
+	}
 	cur.SetBatchSize(evBatch)
 	passed = last.IsZero()
 	lastDoc := time.Now()
@@ -314,15 +331,11 @@ func (h *hub) tail(ctx context.Context, run *eventhub.Run, last *bson.ObjectID) 
 			if cur.Err() != nil || cur.ID() == 0 || ctx.Err() != nil {
 				break
 			}
-			if h.s.scans {
-				// A FerretDB tailable cursor has been seen to stop
-				// returning new events while staying open: reopen an idle
-				// one now and then (the reopened cursor skips to last, so
-				// nothing is delivered twice or missed).
-				if time.Since(lastDoc) > reopenIdle {
-					break
-				}
-				t := time.NewTimer(pollEvery)
+			if time.Since(lastDoc) > idle {
+				break
+			}
+			if tm.pause > 0 {
+				t := time.NewTimer(tm.pause)
 				select {
 				case <-ctx.Done():
 					t.Stop()
@@ -412,15 +425,36 @@ const (
 	maxBackoff = 250 * time.Millisecond
 )
 
-// pollEvery is the pause between empty getMores on servers without a
-// usable awaitData (FerretDB).
-const pollEvery = 15 * time.Millisecond
+// tailTiming is how the event watcher waits for new events on a server.
+// Every server runs the same algorithm (one tailable cursor, skipping to
+// the last event seen after each reopening; a cursor that dies or idles is
+// reopened); the capability probe in New chooses only these durations,
+// which change how soon an event arrives and what waiting costs, never
+// which events are delivered.
+type tailTiming struct {
+	// await is how long the server holds a getMore that finds no new
+	// event: an awaitData cursor, which the server answers as soon as an
+	// event is inserted. 0: the server answers an empty getMore at once
+	// (a plainly tailable cursor).
+	await time.Duration
+	// pause is the watcher's own wait after an empty getMore.
+	pause time.Duration
+	// reopenIdle is how long a cursor may return nothing before the
+	// watcher reopens it (at most half the events' retention).
+	reopenIdle time.Duration
+}
 
-// reopenIdle is how long a tailable cursor on FerretDB may go without a
-// document before the watcher reopens it.
-const reopenIdle = time.Second
-
-// awaitTime bounds how long the server holds a getMore on the tailable
-// cursor when no event is there (MongoDB answers as soon as one is
-// inserted; FerretDB may wait it out).
-const awaitTime = 100 * time.Millisecond
+var (
+	// awaitTiming is the watcher's timing on MongoDB: the server holds an
+	// empty getMore up to 100 ms and answers as soon as an event is
+	// inserted; an idle cursor is renewed once a minute.
+	awaitTiming = tailTiming{await: 100 * time.Millisecond, reopenIdle: time.Minute}
+	// pollTiming is the watcher's timing on FerretDB, which implements
+	// awaitData by re-running the query under a timeout whose expiry can
+	// interrupt other statements on its SQLite connections: the server
+	// answers at once and the watcher waits 15 ms between empty getMores.
+	// A FerretDB tailable cursor has also been seen to stop returning new
+	// events while staying open, so an idle one is reopened after a
+	// second.
+	pollTiming = tailTiming{pause: 15 * time.Millisecond, reopenIdle: time.Second}
+)

@@ -3,6 +3,7 @@ package mongo
 import (
 	"fmt"
 	"reflect"
+	"time"
 	"unsafe"
 
 	"github.com/warden-go/warden"
@@ -12,9 +13,20 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 )
 
-// UseMongoPaths makes a store opened with o take MongoDB's code paths even
-// on FerretDB.
-func UseMongoPaths(o *Options) { o.mongoPaths = true }
+// AwaitEvents makes a store opened with o watch events with an awaitData
+// cursor whose getMore the server holds up to await, as on MongoDB
+// (whatever the server), with no pause of the watcher's own between
+// getMores.
+func AwaitEvents(o *Options, await time.Duration) {
+	o.tailing = &tailTiming{await: await, reopenIdle: awaitTiming.reopenIdle}
+}
+
+// PollEvents makes a store opened with o watch events with a plainly
+// tailable cursor polled every pause, as on FerretDB (whatever the
+// server).
+func PollEvents(o *Options, pause time.Duration) {
+	o.tailing = &tailTiming{pause: pause, reopenIdle: pollTiming.reopenIdle}
+}
 
 // ErrBusy is what the error of an operation that gave up wraps.
 var ErrBusy = errBusy

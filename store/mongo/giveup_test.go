@@ -23,166 +23,154 @@ const giveUpTries = 5
 // an error that says so — naming the operation's key and the number of
 // attempts, wrapping ErrBusy — never with a made-up outcome (not
 // acquired, in progress). Each loop's race is made to happen on every
-// attempt, at the hook sites of the store (see SetRace), on the server's
-// code paths and on MongoDB's.
+// attempt, at the hook sites of the store (see SetRace).
 func TestGiveUp(t *testing.T) {
-	for _, paths := range []struct {
-		name  string
-		mongo bool
-	}{{"ServerPaths", false}, {"MongoDBPaths", true}} {
-		t.Run(paths.name, func(t *testing.T) {
-			open := func(t *testing.T) (*warden.Store, string, *mongodrv.Database) {
-				db := testDB(t, nil)
-				prefix := fmt.Sprintf("giveup-%d:", time.Now().UnixNano())
-				o := &mongo.Options{Prefix: prefix}
-				if paths.mongo {
-					mongo.UseMongoPaths(o)
-				}
-				st, err := mongo.New(db, o)
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { st.Close() })
-				cleanNamespace(t, prefix, mongo.Collections{})
-				mongo.SetTries(st, giveUpTries)
-				return st, prefix, db
-			}
-			t.Run("Locks.Acquire", func(t *testing.T) {
-				st, prefix, db := open(t)
-				coll := db.Collection(mongo.DefaultLocksCollection)
-				id := prefix + "lock:k"
-				var attempts, renewals int
-				token := driver.TokenBase(time.Now())
-				mongo.SetRace(st, func(site string) {
-					switch site {
-					case "write": // the caller's own live holding is there as each attempt starts
-						attempts++
-						token++
-						tm := time.Now().UTC()
-						upsert(t, coll, id, bson.D{{Key: "key", Value: id}, {Key: "namespace", Value: prefix}, {Key: "owner", Value: "me"},
-							{Key: "token", Value: token}, {Key: "acquiredAt", Value: tm}, {Key: "expiresAt", Value: tm.Add(time.Minute)},
-							{Key: "released", Value: false}})
-					case "renew": // and ends (force-released, purged) before the store renews it
-						renewals++
-						deleteID(t, coll, id)
-					}
-				})
-				rec, ok, err := st.Driver().Locks().Acquire(t.Context(), "k", "me", time.Minute)
-				checkGaveUp(t, err, "k", attempts)
-				if ok || rec != (driver.LockRecord{}) {
-					t.Errorf("a give-up returned acquired=%v and the record %+v, want false and none", ok, rec)
-				}
-				if renewals != giveUpTries {
-					t.Errorf("%d renewals lost, want one per attempt (%d)", renewals, giveUpTries)
-				}
-			})
-			t.Run("Idempotency.Claim", func(t *testing.T) {
-				st, prefix, db := open(t)
-				coll := db.Collection(mongo.DefaultIdempotencyCollection)
-				id := prefix + "i"
-				var attempts, renewals int
-				mongo.SetRace(st, func(site string) {
-					switch site {
-					case "write": // the caller's own live claim is there as each attempt starts
-						attempts++
-						tm := time.Now().UTC()
-						upsert(t, coll, id, bson.D{{Key: "key", Value: id}, {Key: "namespace", Value: prefix},
-							{Key: "status", Value: string(driver.IdemPending)}, {Key: "owner", Value: "me"},
-							{Key: "createdAt", Value: tm}, {Key: "expiresAt", Value: tm.Add(time.Minute)}})
-					case "renew": // and is gone before the store renews it
-						renewals++
-						deleteID(t, coll, id)
-					}
-				})
-				rec, outcome, err := st.Driver().Idempotency().Claim(t.Context(), "i", "me", time.Minute, "")
-				checkGaveUp(t, err, "i", attempts)
-				if outcome != 0 || rec.Status != "" {
-					t.Errorf("a give-up returned the outcome %v and the record %+v, want none", outcome, rec)
-				}
-				if renewals != giveUpTries {
-					t.Errorf("%d renewals lost, want one per attempt (%d)", renewals, giveUpTries)
-				}
-			})
-			t.Run("Circuits.RecordSuccess", func(t *testing.T) {
-				st, prefix, db := open(t)
-				coll := db.Collection(mongo.DefaultCircuitsCollection)
-				id := prefix + "circuit:c"
-				steps := 0
-				mongo.SetRace(st, func(site string) {
-					if site != "step" {
-						return
-					}
-					// Before each conditional step the circuit changes
-					// state away from the one that step applies to. A
-					// success's steps are tried in the order closed,
-					// half-open, open: the circuit turns open under the
-					// first, closed under the second, half-open under the
-					// third.
-					steps++
-					state := [...]driver.CircuitState{driver.HalfOpen, driver.Open, driver.Closed}[steps%3]
-					upsert(t, coll, id, bson.D{{Key: "key", Value: id}, {Key: "namespace", Value: prefix},
-						{Key: "state", Value: string(state)}, {Key: "failureCount", Value: int64(0)}, {Key: "version", Value: int64(steps)}})
-				})
-				rec, err := st.Driver().Circuits().RecordSuccess(t.Context(), "c", driver.AnyGeneration)
-				checkGaveUp(t, err, "c", steps/3)
-				if rec != (driver.CircuitRecord{}) {
-					t.Errorf("a give-up returned the record %+v, want none", rec)
-				}
-			})
-			t.Run("Circuits.TryProbes", func(t *testing.T) {
-				st, prefix, db := open(t)
-				coll := db.Collection(mongo.DefaultCircuitsCollection)
-				id := prefix + "circuit:c"
-				// A half-open circuit whose slots turn from live with one
-				// free to lapsed and back before every grant the store
-				// chose from its read: the chosen way never applies.
-				slots := func(until time.Time) {
-					upsert(t, coll, id, bson.D{{Key: "key", Value: id}, {Key: "namespace", Value: prefix},
-						{Key: "state", Value: string(driver.HalfOpen)}, {Key: "probeOwner", Value: "p"},
-						{Key: "probeUntil", Value: until}, {Key: "probes", Value: int64(1)}, {Key: "version", Value: int64(1)}})
-				}
-				slots(time.Now().Add(time.Hour))
-				flips := 0
-				mongo.SetRace(st, func(site string) {
-					if site != "probe" {
-						return
-					}
-					flips++
-					if flips%2 == 1 {
-						slots(time.Now().Add(-time.Hour))
-					} else {
-						slots(time.Now().Add(time.Hour))
-					}
-				})
-				rec, granted, err := st.Driver().Circuits().TryProbes(t.Context(), "c", "q", time.Minute, time.Minute, 2)
-				checkGaveUp(t, err, "c", flips)
-				if granted || rec != (driver.CircuitRecord{}) {
-					t.Errorf("a give-up returned granted=%v and the record %+v, want none", granted, rec)
-				}
-			})
-			// Cache.Set and Idempotency.Set upsert by _id and retry on a
-			// duplicate key. A document of another writer (go-go-scope's
-			// adapter, say) holding the same key and namespace under another
-			// _id collides with every attempt on the unique {key, namespace}
-			// index.
-			t.Run("Cache.Set", func(t *testing.T) {
-				st, prefix, db := open(t)
-				coll := db.Collection(mongo.DefaultCacheCollection)
-				upsert(t, coll, "foreign-"+prefix, bson.D{{Key: "key", Value: prefix + "cache:x"}, {Key: "namespace", Value: prefix}})
-				attempts := 0
-				mongo.SetRace(st, func(site string) { attempts++ })
-				checkGaveUp(t, st.Driver().Cache().Set(t.Context(), "x", []byte("v"), time.Minute), "x", attempts)
-			})
-			t.Run("Idempotency.Set", func(t *testing.T) {
-				st, prefix, db := open(t)
-				coll := db.Collection(mongo.DefaultIdempotencyCollection)
-				upsert(t, coll, "foreign-"+prefix, bson.D{{Key: "key", Value: prefix + "i"}, {Key: "namespace", Value: prefix}})
-				attempts := 0
-				mongo.SetRace(st, func(site string) { attempts++ })
-				checkGaveUp(t, st.Driver().Idempotency().Set(t.Context(), "i", []byte("r"), time.Minute), "i", attempts)
-			})
-		})
+	open := func(t *testing.T) (*warden.Store, string, *mongodrv.Database) {
+		db := testDB(t, nil)
+		prefix := fmt.Sprintf("giveup-%d:", time.Now().UnixNano())
+		st, err := mongo.New(db, &mongo.Options{Prefix: prefix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		cleanNamespace(t, prefix, mongo.Collections{})
+		mongo.SetTries(st, giveUpTries)
+		return st, prefix, db
 	}
+	t.Run("Locks.Acquire", func(t *testing.T) {
+		st, prefix, db := open(t)
+		coll := db.Collection(mongo.DefaultLocksCollection)
+		id := prefix + "lock:k"
+		var attempts, renewals int
+		token := driver.TokenBase(time.Now())
+		mongo.SetRace(st, func(site string) {
+			switch site {
+			case "write": // the caller's own live holding is there as each attempt starts
+				attempts++
+				token++
+				tm := time.Now().UTC()
+				upsert(t, coll, id, bson.D{{Key: "key", Value: id}, {Key: "namespace", Value: prefix}, {Key: "owner", Value: "me"},
+					{Key: "token", Value: token}, {Key: "acquiredAt", Value: tm}, {Key: "expiresAt", Value: tm.Add(time.Minute)},
+					{Key: "released", Value: false}})
+			case "renew": // and ends (force-released, purged) before the store renews it
+				renewals++
+				deleteID(t, coll, id)
+			}
+		})
+		rec, ok, err := st.Driver().Locks().Acquire(t.Context(), "k", "me", time.Minute)
+		checkGaveUp(t, err, "k", attempts)
+		if ok || rec != (driver.LockRecord{}) {
+			t.Errorf("a give-up returned acquired=%v and the record %+v, want false and none", ok, rec)
+		}
+		if renewals != giveUpTries {
+			t.Errorf("%d renewals lost, want one per attempt (%d)", renewals, giveUpTries)
+		}
+	})
+	t.Run("Idempotency.Claim", func(t *testing.T) {
+		st, prefix, db := open(t)
+		coll := db.Collection(mongo.DefaultIdempotencyCollection)
+		id := prefix + "i"
+		var attempts, renewals int
+		mongo.SetRace(st, func(site string) {
+			switch site {
+			case "write": // the caller's own live claim is there as each attempt starts
+				attempts++
+				tm := time.Now().UTC()
+				upsert(t, coll, id, bson.D{{Key: "key", Value: id}, {Key: "namespace", Value: prefix},
+					{Key: "status", Value: string(driver.IdemPending)}, {Key: "owner", Value: "me"},
+					{Key: "createdAt", Value: tm}, {Key: "expiresAt", Value: tm.Add(time.Minute)}})
+			case "renew": // and is gone before the store renews it
+				renewals++
+				deleteID(t, coll, id)
+			}
+		})
+		rec, outcome, err := st.Driver().Idempotency().Claim(t.Context(), "i", "me", time.Minute, "")
+		checkGaveUp(t, err, "i", attempts)
+		if outcome != 0 || rec.Status != "" {
+			t.Errorf("a give-up returned the outcome %v and the record %+v, want none", outcome, rec)
+		}
+		if renewals != giveUpTries {
+			t.Errorf("%d renewals lost, want one per attempt (%d)", renewals, giveUpTries)
+		}
+	})
+	t.Run("Circuits.RecordSuccess", func(t *testing.T) {
+		st, prefix, db := open(t)
+		coll := db.Collection(mongo.DefaultCircuitsCollection)
+		id := prefix + "circuit:c"
+		steps := 0
+		mongo.SetRace(st, func(site string) {
+			if site != "step" {
+				return
+			}
+			// Before each conditional step the circuit changes
+			// state away from the one that step applies to. A
+			// success's steps are tried in the order closed,
+			// half-open, open: the circuit turns open under the
+			// first, closed under the second, half-open under the
+			// third.
+			steps++
+			state := [...]driver.CircuitState{driver.HalfOpen, driver.Open, driver.Closed}[steps%3]
+			upsert(t, coll, id, bson.D{{Key: "key", Value: id}, {Key: "namespace", Value: prefix},
+				{Key: "state", Value: string(state)}, {Key: "failureCount", Value: int64(0)}, {Key: "version", Value: int64(steps)}})
+		})
+		rec, err := st.Driver().Circuits().RecordSuccess(t.Context(), "c", driver.AnyGeneration)
+		checkGaveUp(t, err, "c", steps/3)
+		if rec != (driver.CircuitRecord{}) {
+			t.Errorf("a give-up returned the record %+v, want none", rec)
+		}
+	})
+	t.Run("Circuits.TryProbes", func(t *testing.T) {
+		st, prefix, db := open(t)
+		coll := db.Collection(mongo.DefaultCircuitsCollection)
+		id := prefix + "circuit:c"
+		// A half-open circuit whose slots turn from live with one
+		// free to lapsed and back before every grant the store
+		// chose from its read: the chosen way never applies.
+		slots := func(until time.Time) {
+			upsert(t, coll, id, bson.D{{Key: "key", Value: id}, {Key: "namespace", Value: prefix},
+				{Key: "state", Value: string(driver.HalfOpen)}, {Key: "probeOwner", Value: "p"},
+				{Key: "probeUntil", Value: until}, {Key: "probes", Value: int64(1)}, {Key: "version", Value: int64(1)}})
+		}
+		slots(time.Now().Add(time.Hour))
+		flips := 0
+		mongo.SetRace(st, func(site string) {
+			if site != "probe" {
+				return
+			}
+			flips++
+			if flips%2 == 1 {
+				slots(time.Now().Add(-time.Hour))
+			} else {
+				slots(time.Now().Add(time.Hour))
+			}
+		})
+		rec, granted, err := st.Driver().Circuits().TryProbes(t.Context(), "c", "q", time.Minute, time.Minute, 2)
+		checkGaveUp(t, err, "c", flips)
+		if granted || rec != (driver.CircuitRecord{}) {
+			t.Errorf("a give-up returned granted=%v and the record %+v, want none", granted, rec)
+		}
+	})
+	// Cache.Set and Idempotency.Set upsert by _id and retry on a
+	// duplicate key. A document of another writer (go-go-scope's
+	// adapter, say) holding the same key and namespace under another
+	// _id collides with every attempt on the unique {key, namespace}
+	// index.
+	t.Run("Cache.Set", func(t *testing.T) {
+		st, prefix, db := open(t)
+		coll := db.Collection(mongo.DefaultCacheCollection)
+		upsert(t, coll, "foreign-"+prefix, bson.D{{Key: "key", Value: prefix + "cache:x"}, {Key: "namespace", Value: prefix}})
+		attempts := 0
+		mongo.SetRace(st, func(site string) { attempts++ })
+		checkGaveUp(t, st.Driver().Cache().Set(t.Context(), "x", []byte("v"), time.Minute), "x", attempts)
+	})
+	t.Run("Idempotency.Set", func(t *testing.T) {
+		st, prefix, db := open(t)
+		coll := db.Collection(mongo.DefaultIdempotencyCollection)
+		upsert(t, coll, "foreign-"+prefix, bson.D{{Key: "key", Value: prefix + "i"}, {Key: "namespace", Value: prefix}})
+		attempts := 0
+		mongo.SetRace(st, func(site string) { attempts++ })
+		checkGaveUp(t, st.Driver().Idempotency().Set(t.Context(), "i", []byte("r"), time.Minute), "i", attempts)
+	})
 }
 
 // checkGaveUp checks the error of an operation on key that gave up after

@@ -84,21 +84,20 @@ func after1() *options.FindOneAndUpdateOptionsBuilder {
 	return options.FindOneAndUpdate().SetReturnDocument(options.After)
 }
 
-// Acquire implements driver.Locks. The uncontended path — the key absent,
-// released or expired, and the candidate token greater than the stored
-// one — is one findOneAndUpdate with upsert whose filter matches a free
-// document; an expired holding is taken over at once. When the filter
-// matches nothing the upsert collides with the existing document on the
-// unique _id (E11000): one read tells whether the lock is held by someone
-// else (returned, not acquired), is the caller's own live holding (renewed,
-// token kept) or is free with a token at or above the candidate (taken by
-// a compare-and-swap on the token read, setting max(candidate, token+1)).
-//
-// On a server that scans the collection for any filter but _id (FerretDB,
-// found by the capability probe in New), the first step is an insert
-// instead: a new key is still one round trip, and an existing one is read
-// by _id and updated by the compare-and-swap. A key the store has seen to
-// exist (a bounded set) is read first, saving the colliding insert.
+// Acquire implements driver.Locks, the same way on every server. The
+// uncontended path — the key absent, released or expired, and the
+// candidate token greater than the stored one — is one findOneAndUpdate
+// with upsert whose filter matches a free document; an expired holding is
+// taken over at once. When the filter matches nothing the upsert collides
+// with the existing document on the unique _id (E11000; also what the
+// loser of two upserts racing on one absent key is told): one read tells
+// whether the lock is held by someone else (returned, not acquired), is the
+// caller's own live holding (renewed, token kept) or is free with a token
+// at or above the candidate (taken by a compare-and-swap on the token read,
+// setting max(candidate, token+1)). A read that finds no document (deleted
+// since the collision, or a winner's insert the read does not see yet)
+// looks for a go-go-scope holding of the key and, finding none, starts
+// again with the upsert.
 //
 // Each step that finds the document changed since it was read starts
 // again; after the store's retry limit the acquire gives up with an error
@@ -106,30 +105,14 @@ func after1() *options.FindOneAndUpdateOptionsBuilder {
 func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (driver.LockRecord, bool, error) {
 	s := l.s
 	sk := s.lockPfx + key
-	write := true // try the insert or upsert first: on the first attempt, and after finding no document
+	write := true // try the upsert first: on the first attempt, and after finding no document
 	for range s.tries {
 		s.raced("write")
 		wall := time.Now()
 		t := wall.UTC().Truncate(time.Millisecond) // now()
 		cand := tokenBase(wall)
 		var d lockDoc
-		if write && s.scans && s.knownLock(sk) {
-			write = false // seen to exist: read it rather than collide
-		}
-		if write && s.scans {
-			_, err := s.locks.InsertOne(ctx, bson.D{{Key: "_id", Value: s.docID(sk)}, {Key: "key", Value: sk},
-				{Key: "namespace", Value: s.prefix}, {Key: "owner", Value: owner}, {Key: "token", Value: cand},
-				{Key: "acquiredAt", Value: t}, {Key: "expiresAt", Value: after(t, ttl)}, {Key: "released", Value: false},
-				{Key: "releasedAt", Value: nil}, {Key: "purgeAt", Value: purgeAt(t, ttl)}, {Key: "createdAt", Value: t}, {Key: "updatedAt", Value: t}})
-			if err == nil {
-				s.rememberLock(sk, true)
-				s.emitLock(ctx, evAcquired, sk, owner, cand, t)
-				return driver.LockRecord{Key: key, Owner: owner, Token: cand, AcquiredAt: t, ExpiresAt: after(t, ttl)}, true, nil
-			}
-			if !isDup(err) {
-				return driver.LockRecord{}, false, ctxErr(ctx, err)
-			}
-		} else if write && !s.scans {
+		if write {
 			filter := append(s.nsKey(sk), bson.E{Key: "token", Value: bson.D{{Key: "$lt", Value: cand}}}, free(t))
 			update := bson.D{
 				{Key: "$set", Value: bson.D{{Key: "key", Value: sk}, {Key: "owner", Value: owner}, {Key: "token", Value: cand},
@@ -148,19 +131,17 @@ func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 		}
 		// The document exists: read it.
 		err := s.locks.FindOne(ctx, s.nsKey(sk), options.FindOne().SetProjection(lockProj)).Decode(&d)
-		if s.scans {
-			s.rememberLock(sk, err == nil)
-		}
 		write = false
 		if errors.Is(err, mongo.ErrNoDocuments) {
 			// No document of ours: the collision was on key, with a
-			// go-go-scope holding (or ours was deleted meanwhile).
+			// go-go-scope holding, or ours was deleted meanwhile (or is
+			// not visible to this read yet).
 			rec, held, err := l.foreign(ctx, key, sk)
 			if err != nil || held {
 				return rec, false, err
 			}
 			write = true
-			continue // the other document is gone (or was deleted as expired): insert again
+			continue // the other document is gone (or was deleted as expired): upsert again
 		}
 		if err != nil {
 			return driver.LockRecord{}, false, ctxErr(ctx, err)
@@ -215,31 +196,6 @@ func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 		}
 	}
 	return driver.LockRecord{}, false, s.busy("acquiring lock", key)
-}
-
-// knownLocks bounds how many lock keys a store remembers as existing.
-const knownLocks = 4096
-
-// knownLock reports whether this store has seen the lock document of sk:
-// on FerretDB the acquire then reads it first instead of trying an insert
-// that would collide.
-func (s *store) knownLock(sk string) bool {
-	s.knownMu.Lock()
-	defer s.knownMu.Unlock()
-	return s.known[sk]
-}
-
-func (s *store) rememberLock(sk string, exists bool) {
-	s.knownMu.Lock()
-	defer s.knownMu.Unlock()
-	if !exists {
-		delete(s.known, sk)
-		return
-	}
-	if s.known == nil || len(s.known) >= knownLocks {
-		s.known = map[string]bool{}
-	}
-	s.known[sk] = true
 }
 
 // Refresh implements driver.Locks: one findOneAndUpdate checked on owner,
@@ -374,50 +330,30 @@ func liveLock(t time.Time) bson.D {
 	return bson.D{{Key: "released", Value: bson.D{{Key: "$ne", Value: true}}}, {Key: "expiresAt", Value: bson.D{{Key: "$gt", Value: t}}}}
 }
 
-// Get implements driver.Locks: one find by _id; a lock without a live
-// warden holding is also looked for among the go-go-scope adapter's
-// documents (in the same query on MongoDB, as a second one on servers that
-// scan for any filter but _id).
+// Get implements driver.Locks: one find whose $or matches warden's
+// document by _id and a go-go-scope adapter's holding by key (both
+// indexed: _id, key_1). At most one document holds the key, and warden's
+// released one has given it up, so the live one is the answer.
 func (l locks) Get(ctx context.Context, key string) (driver.LockRecord, bool, error) {
 	s := l.s
 	sk := s.lockPfx + key
-	var d lockDoc
 	t := now()
-	if !s.scans {
-		// Both branches are indexed (_id, key_1); at most one document
-		// holds the key, and warden's released one has given it up.
-		f := bson.D{{Key: "$or", Value: bson.A{s.nsKey(sk), nodeEntry(sk)}}}
-		cur, err := s.locks.Find(ctx, f, options.Find().SetProjection(lockProj))
-		if err != nil {
-			return driver.LockRecord{}, false, ctxErr(ctx, err)
-		}
-		defer cur.Close(context.WithoutCancel(ctx))
-		for cur.Next(ctx) {
-			var c lockDoc
-			if err := cur.Decode(&c); err != nil {
-				return driver.LockRecord{}, false, err
-			}
-			if c.liveAt(t) {
-				return c.record(key), true, nil
-			}
-		}
-		return driver.LockRecord{}, false, ctxErr(ctx, cur.Err())
-	}
-	err := s.locks.FindOne(ctx, s.nsKey(sk), options.FindOne().SetProjection(lockProj)).Decode(&d)
-	if err == nil && d.liveAt(t) {
-		return d.record(key), true, nil
-	}
-	if err != nil && !errors.Is(err, mongo.ErrNoDocuments) {
-		return driver.LockRecord{}, false, ctxErr(ctx, err)
-	}
-	err = s.locks.FindOne(ctx, nodeEntry(sk), options.FindOne().SetProjection(lockProj)).Decode(&d)
-	if errors.Is(err, mongo.ErrNoDocuments) || (err == nil && !d.liveAt(t)) {
-		return driver.LockRecord{}, false, nil
-	}
+	f := bson.D{{Key: "$or", Value: bson.A{s.nsKey(sk), nodeEntry(sk)}}}
+	cur, err := s.locks.Find(ctx, f, options.Find().SetProjection(lockProj))
 	if err != nil {
 		return driver.LockRecord{}, false, ctxErr(ctx, err)
 	}
-	return d.record(key), true, nil
+	defer cur.Close(context.WithoutCancel(ctx))
+	for cur.Next(ctx) {
+		var d lockDoc
+		if err := cur.Decode(&d); err != nil {
+			return driver.LockRecord{}, false, err
+		}
+		if d.liveAt(t) {
+			return d.record(key), true, nil
+		}
+	}
+	return driver.LockRecord{}, false, ctxErr(ctx, cur.Err())
 }
 
 // List implements driver.Locks: warden's live holdings in the namespace

@@ -183,15 +183,10 @@ func (n *nodeSide) acquire(key, owner string, ttl time.Duration) bool {
 	return ok
 }
 
-// wardenOn opens a warden store on db with mixedPrefix (auto-migrating),
-// on MongoDB's code paths even on FerretDB when mongoPaths is set.
-func wardenOn(t *testing.T, db *mongodrv.Database, mongoPaths ...bool) *warden.Store {
+// wardenOn opens a warden store on db with mixedPrefix (auto-migrating).
+func wardenOn(t *testing.T, db *mongodrv.Database) *warden.Store {
 	t.Helper()
-	o := &mongo.Options{Prefix: mixedPrefix, DisableEvents: true}
-	if len(mongoPaths) > 0 && mongoPaths[0] {
-		mongo.UseMongoPaths(o)
-	}
-	st, err := mongo.New(db, o)
+	st, err := mongo.New(db, &mongo.Options{Prefix: mixedPrefix, DisableEvents: true})
 	if err != nil {
 		t.Fatalf("warden on the database: %v", err)
 	}
@@ -201,18 +196,11 @@ func wardenOn(t *testing.T, db *mongodrv.Database, mongoPaths ...bool) *warden.S
 
 // mixed starts both sides on a fresh database: the Node side connects
 // first (creating its indexes), then warden migrates it.
-func mixed(t *testing.T, mongoPaths ...bool) (*nodeSide, *warden.Store, *mongodrv.Database) {
+func mixed(t *testing.T) (*nodeSide, *warden.Store, *mongodrv.Database) {
 	db, raw := mixedDB(t)
 	n := startNode(t, db, raw)
 	n.must("connect", nil, nil)
-	return n, wardenOn(t, db, mongoPaths...), db
-}
-
-// bothPaths runs f on the store's FerretDB paths and on MongoDB's (the
-// same on MongoDB).
-func bothPaths(t *testing.T, f func(t *testing.T, mongoPaths bool)) {
-	t.Run("StorePaths", func(t *testing.T) { f(t, false) })
-	t.Run("MongoPaths", func(t *testing.T) { f(t, true) })
+	return n, wardenOn(t, db), db
 }
 
 // TestMixedFleetMigrate: warden's Migrate adopts a database the adapter's
@@ -332,11 +320,9 @@ func checkIndexes(t *testing.T, db *mongodrv.Database) {
 // answers "not acquired" with the Node holder, never an error or a give-up)
 // and takes one the other released or let expire; warden's fencing tokens
 // keep growing across Node holdings and the adapter's TTL index.
-func TestMixedFleetLocks(t *testing.T) { bothPaths(t, testMixedLocks) }
-
-func testMixedLocks(t *testing.T, mongoPaths bool) {
+func TestMixedFleetLocks(t *testing.T) {
 	ctx := context.Background()
-	n, st, db := mixed(t, mongoPaths)
+	n, st, db := mixed(t)
 	mongo.SetTries(st, 5) // a loop on a Node document gives up fast
 	lk := st.Driver().Locks()
 	locks := db.Collection(mongo.DefaultLocksCollection)
@@ -487,11 +473,9 @@ func testMixedLocks(t *testing.T, mongoPaths bool) {
 // on the other; warden stores them natively (BSON documents), reads the
 // adapter's documents (its own _id, no namespace), and still reads values
 // stored as BSON binary, by earlier versions or for non-JSON bytes.
-func TestMixedFleetCache(t *testing.T) { bothPaths(t, testMixedCache) }
-
-func testMixedCache(t *testing.T, mongoPaths bool) {
+func TestMixedFleetCache(t *testing.T) {
 	ctx := context.Background()
-	n, st, db := mixed(t, mongoPaths)
+	n, st, db := mixed(t)
 	mongo.SetTries(st, 5)
 	ca := st.Driver().Cache()
 	coll := db.Collection(mongo.DefaultCacheCollection)
@@ -748,12 +732,8 @@ func TestMixedFleetCircuitReopenedByNode(t *testing.T) {
 // makes warden hand out a token that is not above every token it handed
 // out before.
 func TestMixedFleetTokensAfterForeignDelete(t *testing.T) {
-	bothPaths(t, testMixedTokensAfterForeignDelete)
-}
-
-func testMixedTokensAfterForeignDelete(t *testing.T, mongoPaths bool) {
 	ctx := context.Background()
-	n, st, db := mixed(t, mongoPaths)
+	n, st, db := mixed(t)
 	lk := st.Driver().Locks()
 	locks := db.Collection(mongo.DefaultLocksCollection)
 	var last int64
@@ -787,11 +767,9 @@ func testMixedTokensAfterForeignDelete(t *testing.T, mongoPaths bool) {
 // loop on the adapter's unique index; Get, List and Delete see them; Set
 // replaces them; an expired one is claimed), and results warden stored
 // read back equal on the adapter.
-func TestMixedFleetIdempotency(t *testing.T) { bothPaths(t, testMixedIdempotency) }
-
-func testMixedIdempotency(t *testing.T, mongoPaths bool) {
+func TestMixedFleetIdempotency(t *testing.T) {
 	ctx := context.Background()
-	n, st, db := mixed(t, mongoPaths)
+	n, st, db := mixed(t)
 	n.must("idemConnect", nil, nil)
 	coll := db.Collection("go_goscope_idempotency")
 	mongo.SetTries(st, 5)

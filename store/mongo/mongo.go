@@ -130,9 +130,9 @@ type Options struct {
 	// event writes that failed). Nil: slog.Default().
 	Logger *slog.Logger
 
-	// mongoPaths makes the store take MongoDB's code paths even on a server
-	// the capability probe finds to be FerretDB (tests).
-	mongoPaths bool
+	// tailing replaces the event watcher's timing the capability probe
+	// chooses (tests).
+	tailing *tailTiming
 }
 
 // Collections names the store's collections. An empty field means the
@@ -372,12 +372,9 @@ type store struct {
 
 	lockPfx, circPfx, cachePfx string
 
-	ev     *evWriter // nil when events are disabled
-	server string    // the connection string of a store opened by URL
-	scans  bool      // the server scans the collection for filters other than _id (FerretDB)
-
-	knownMu sync.Mutex
-	known   map[string]bool // lock documents seen to exist (FerretDB paths)
+	ev      *evWriter  // nil when events are disabled
+	server  string     // the connection string of a store opened by URL
+	tailing tailTiming // how the event watcher waits on this server (the capability probe's only choice)
 	hub     *hub
 
 	tries int               // attempts of each retry loop before it gives up: retryLimit (tests lower it)
@@ -460,11 +457,17 @@ func newStoreOn(ctx context.Context, db *mongo.Database, own bool, server string
 	} else if err := s.Ping(ctx); err != nil {
 		return nil, fmt.Errorf("mongo: %w", err)
 	}
-	// Capability probe: FerretDB identifies itself in buildInfo.
+	// Capability probe: FerretDB identifies itself in buildInfo. What it
+	// finds chooses how long the event watcher's cursor waits and how
+	// often it polls (see tailTiming), never a code path: every server
+	// runs the same operations.
+	s.tailing = awaitTiming
 	var info bson.M
-	if err := db.RunCommand(ctx, bson.D{{Key: "buildInfo", Value: 1}}).Decode(&info); err == nil {
-		_, s.scans = info["ferretdbVersion"]
-		s.scans = s.scans && !opts.mongoPaths
+	if err := db.RunCommand(ctx, bson.D{{Key: "buildInfo", Value: 1}}).Decode(&info); err == nil && info["ferretdbVersion"] != nil {
+		s.tailing = pollTiming
+	}
+	if opts.tailing != nil {
+		s.tailing = *opts.tailing
 	}
 	s.hub = newHub(s)
 	if !opts.DisableEvents {

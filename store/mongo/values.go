@@ -151,7 +151,18 @@ func jsonToBSON(d *json.Decoder, depth int) (any, error) {
 // valueJSON returns the bytes of a stored cache value: the data of a BSON
 // binary (a value stored as bytes), or the compact JSON of a native value
 // (written by warden, or by the go-go-scope adapter).
-func valueJSON(v bson.RawValue) ([]byte, error) {
+func valueJSON(v bson.RawValue) (_ []byte, err error) {
+	// The driver's accessors panic on malformed bytes, which Validate does
+	// not all catch (an embedded document's length, say): a value written
+	// by another program is checked first, and a panic left is an error.
+	if err := v.Validate(); err != nil {
+		return nil, fmt.Errorf("mongo: reading a cache value: %w", err)
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("mongo: reading a cache value: malformed BSON %v: %v", v.Type, r)
+		}
+	}()
 	if sub, data, ok := v.BinaryOK(); ok && (sub == bson.TypeBinaryGeneric || sub == 2) {
 		return nonNil(data), nil
 	}

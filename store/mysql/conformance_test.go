@@ -19,6 +19,7 @@ func TestMain(m *testing.M) {
 	if js, ok := os.LookupEnv(stressChildEnv); ok {
 		os.Exit(runStressChild(js))
 	}
+	recordsChild()
 	drivertest.Main(m)
 }
 

@@ -8,7 +8,10 @@
 // (UTF-8 byte order), case and trailing spaces included; times are
 // DATETIME(3) in UTC. The database clock (UTC_TIMESTAMP(3)) decides expiry
 // inside every statement, so the clocks of the client machines do not
-// matter. MySQL has no notifications: the portable packages poll.
+// matter. MySQL has no notifications; instead the store queues lock
+// waiters on the server's named locks (GET_LOCK), which wake the first
+// waiter the moment a holder releases a key (driver.LockWaiter; the lock
+// row still decides who holds it). The other portable packages poll.
 //
 // Open a store with [Open], with [New] on an existing *sql.DB, or with
 // warden.Open and a URL:
@@ -16,7 +19,9 @@
 //	mysql://user:password@host:3306/dbname?prefix=billing:
 //
 // URL parameters: prefix, max_value_bytes, auto_migrate (default true),
-// timeout (dial timeout), tls (the go-sql-driver tls setting).
+// timeout (dial timeout), tls (the go-sql-driver tls setting), handoff
+// (default true; false: lock waiters poll) and handoff_conns (see
+// Options.HandoffConns).
 package mysql
 
 import (
@@ -71,6 +76,15 @@ type Options struct {
 	DisableAutoMigrate bool
 	// Tables names the tables. Empty fields take the defaults.
 	Tables Tables
+	// HandoffConns bounds the connections the store keeps out of its
+	// pool for lock hand-off (docs/backends.md, "Lock hand-off"): one per
+	// lock held — its named lock queues the waiters — and one per waiter
+	// blocked on a named lock. Beyond the bound a holding takes no named
+	// lock and a waiter polls, as without hand-off. 0: 8, at most a
+	// quarter of the pool's MaxOpenConns; negative: no hand-off (waiters
+	// poll; the store still leaves a key just handed to a queued waiter
+	// of another store to that waiter).
+	HandoffConns int
 }
 
 // Tables names the store's tables. An empty field means the default name.
@@ -174,6 +188,11 @@ func parseURL(u *url.URL, base *Options) (*mysqldrv.Config, *Options, error) {
 	o.Prefix = q.String("prefix", o.Prefix)
 	o.MaxValueBytes = q.Int("max_value_bytes", o.MaxValueBytes)
 	o.DisableAutoMigrate = !q.Bool("auto_migrate", !o.DisableAutoMigrate)
+	off := o.HandoffConns < 0
+	o.HandoffConns = q.Int("handoff_conns", max(o.HandoffConns, 0))
+	if !q.Bool("handoff", !off) {
+		o.HandoffConns = -1
+	}
 	cfg.Timeout = q.Duration("timeout", 10*time.Second)
 	if t := q.String("tls", ""); t != "" {
 		switch t {
@@ -229,6 +248,8 @@ type store struct {
 	layout   []tableDef
 
 	lockPfx, circPfx, cachePfx string
+
+	ho *handoff // lock hand-off through named locks (handoff.go)
 }
 
 func newStore(ctx context.Context, db *sql.DB, own bool, opts *Options) (*store, error) {
@@ -294,6 +315,9 @@ func newStore(ctx context.Context, db *sql.DB, own bool, opts *Options) (*store,
 		return nil, ctxErr(ctx, fmt.Errorf("mysql: %w", err))
 	}
 	s.q = buildQueries(t, strings.HasSuffix(tsType, "int"))
+	if s.ho, err = newHandoff(ctx, s, opts.HandoffConns); err != nil {
+		return nil, fmt.Errorf("mysql: %w", err)
+	}
 	return s, nil
 }
 
@@ -339,6 +363,7 @@ func (s *store) Ping(ctx context.Context) error { return ctxErr(ctx, s.db.PingCo
 
 // Close implements driver.Store. A *sql.DB handed to New stays open.
 func (s *store) Close() error {
+	s.ho.close()
 	if s.ownDB {
 		return s.db.Close()
 	}

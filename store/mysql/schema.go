@@ -163,7 +163,9 @@ func newLayout(t Tables, coll string) []tableDef {
 		{name: t.Locks, pk: k, indexes: exp, cols: []column{ns, key,
 			owner, intCol("token", false),
 			timeCol("created_at", false), timeCol("acquired_at", false), timeCol("expires_at", false),
-			timeCol("released_at", true), timeCol("updated_at", false)}},
+			timeCol("released_at", true), timeCol("updated_at", false),
+			// The session a release handed the key to (handoff.go).
+			intCol("handoff", true)}},
 		{name: t.Circuits, pk: k, cols: []column{ns, key,
 			textCol("state", 16, "'closed'"), intCol("failure_count", false),
 			timeCol("last_failure_time", true), timeCol("last_success_time", true), timeCol("opened_at", true),

@@ -14,12 +14,17 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/drivertest"
+	"github.com/warden-go/warden/recordlock/recordlocktest"
 	"github.com/warden-go/warden/store/postgres"
 )
 
-// TestMain lets the conformance suite re-execute this test binary as the
-// child processes of its multi-process checks.
-func TestMain(m *testing.M) { drivertest.Main(m) }
+// TestMain lets the conformance suites (drivertest's and recordlocktest's)
+// re-execute this test binary as the child processes of their
+// multi-process checks.
+func TestMain(m *testing.M) {
+	recordlocktest.Child(recordsChildHarness())
+	drivertest.Main(m)
+}
 
 // serverURL returns the test server's postgres:// URL with ?prefix=.
 func serverURL(t testing.TB, prefix string) string {
@@ -63,7 +68,8 @@ func proxiedURL(t testing.TB, prefix, proxyAddr string) string {
 // fault checks through proxies — against the test server, each check in
 // its own namespace, on stores open makes. Child processes open stores by
 // URL.
-func runSuite(t *testing.T, name string, open func(t testing.TB, prefix string) (*warden.Store, error)) {
+// groups, if non-nil, limits the run to those groups (Harness.Groups).
+func runSuite(t *testing.T, name string, groups []string, open func(t testing.TB, prefix string) (*warden.Store, error)) {
 	serverURL(t, "")
 	drivertest.Run(t, drivertest.Harness{
 		Name: name,
@@ -77,12 +83,13 @@ func runSuite(t *testing.T, name string, open func(t testing.TB, prefix string) 
 		URL:        serverURL,
 		Upstream:   serverAddr,
 		ProxiedURL: proxiedURL,
+		Groups:     groups,
 	})
 }
 
 // TestConformance runs the suite on stores opened by URL.
 func TestConformance(t *testing.T) {
-	runSuite(t, "postgres", func(t testing.TB, prefix string) (*warden.Store, error) {
+	runSuite(t, "postgres", nil, func(t testing.TB, prefix string) (*warden.Store, error) {
 		return postgres.Open(context.Background(), serverURL(t, prefix), nil)
 	})
 }
@@ -99,9 +106,10 @@ func stillOpen(t testing.TB, what string, ping func() error, close func()) {
 }
 
 // TestConformanceNew runs the suite on stores made by New on the caller's
-// own pgxpool.Pool.
+// own pgxpool.Pool: the statements of TestConformance's stores (Open makes
+// a pgxpool.Pool too), so the groups where how the store was made shows.
 func TestConformanceNew(t *testing.T) {
-	runSuite(t, "postgres-new", func(t testing.TB, prefix string) (*warden.Store, error) {
+	runSuite(t, "postgres-new", drivertest.ConstructionGroups, func(t testing.TB, prefix string) (*warden.Store, error) {
 		pool, err := pgxpool.New(context.Background(), drivertest.ServerURL(t, "postgres", "WARDEN_TEST_POSTGRES_URL"))
 		if err != nil {
 			return nil, err
@@ -114,7 +122,7 @@ func TestConformanceNew(t *testing.T) {
 // TestConformanceDB runs the suite on stores made by NewDB on the caller's
 // own *sql.DB of the pgx stdlib driver.
 func TestConformanceDB(t *testing.T) {
-	runSuite(t, "postgres-db", func(t testing.TB, prefix string) (*warden.Store, error) {
+	runSuite(t, "postgres-db", nil, func(t testing.TB, prefix string) (*warden.Store, error) {
 		cfg, err := pgxpool.ParseConfig(drivertest.ServerURL(t, "postgres", "WARDEN_TEST_POSTGRES_URL"))
 		if err != nil {
 			return nil, err

@@ -49,13 +49,18 @@ func (s *store) startWatcher(ctx context.Context) (func(context.Context, *eventh
 			}
 			if err != nil {
 				// The connection broke: go-redis reconnects and
-				// resubscribes on the next Receive. Wait a little so a
-				// server that is down is not hammered.
-				if !s.hub.Deliver(run, nil, nil, true) {
-					return
-				}
+				// resubscribes on the next Receive (whose confirmation is
+				// an EventsLost too). The watchers are told once per run
+				// of failures, not once per attempt: each EventsLost wakes
+				// every waiting Acquire of their processes and has Watch
+				// list the locks again, all in vain while the server is
+				// down. Wait a little between attempts so that it is not
+				// hammered either.
 				if !failing {
 					failing = true
+					if !s.hub.Deliver(run, nil, nil, true) {
+						return
+					}
 					continue
 				}
 				t := time.NewTimer(100 * time.Millisecond)

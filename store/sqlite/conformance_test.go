@@ -13,7 +13,7 @@ import (
 
 // TestMain lets the conformance suite re-execute this test binary as the
 // child processes of its multi-process checks.
-func TestMain(m *testing.M) { drivertest.Main(m) }
+func TestMain(m *testing.M) { recordsChild(); drivertest.Main(m) }
 
 // TestConformance runs the whole conformance suite — driver checks and the
 // portable packages, in goroutines and in separate OS processes — on one

@@ -52,8 +52,16 @@
 //
 // The store implements driver.LockNotifier and driver.CircuitNotifier
 // across processes: triggers append lock and circuit changes to an events
-// table in the same statement that makes them, and one watcher goroutine per
-// store polls PRAGMA data_version every [Options.PollInterval] and fans new
-// events out to the watchers of its namespace. See docs/backends.md in the repository for the tables,
-// columns, indexes and triggers.
+// table in the same statement that makes them — only while some store
+// watches the namespace (a registration in a watchers table, written
+// before its first Watch returns and renewed while it watches), so a file
+// nobody watches pays nothing for notifications — and one watcher
+// goroutine per store polls PRAGMA data_version every
+// [Options.PollInterval] and fans new events out to the watchers of its
+// namespace. A read-only store watches too: it writes its registration,
+// and nothing else, through a connection of its own opened read-write on
+// the file (never creating it); on a file this process cannot write, or
+// one opened immutable, Watch fails with an error matching
+// errors.ErrUnsupported. See docs/backends.md in the repository for the
+// tables, columns, indexes and triggers.
 package sqlite

@@ -2,6 +2,8 @@ package sqlite_test
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
 	"log"
 	"os"
@@ -10,6 +12,7 @@ import (
 
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
+	"github.com/warden-go/warden/recordlock"
 	"github.com/warden-go/warden/store/sqlite"
 )
 
@@ -90,4 +93,82 @@ func Example_url() {
 	defer st.Close()
 	fmt.Println(st.Name())
 	// Output: sqlite
+}
+
+// Records locks rows of the program's own table: lock one record, or
+// skip it when another worker has it; and drain a queue of records with
+// Claim, each handed to exactly one worker.
+func ExampleRecords() {
+	ctx := context.Background()
+	dir, err := os.MkdirTemp("", "warden-example")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+
+	// The program's own database and table.
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "app.db")+"?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.Exec(`CREATE TABLE jobs (id INTEGER PRIMARY KEY, status TEXT NOT NULL);
+		INSERT INTO jobs (status) VALUES ('pending'), ('pending'), ('done'), ('pending')`); err != nil {
+		log.Fatal(err)
+	}
+
+	jobs, err := sqlite.Records(db, "jobs", nil) // id, locked_until, locked_by, lock_token
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := jobs.Migrate(ctx); err != nil { // or run jobs.Migration() by hand
+		log.Fatal(err)
+	}
+	a, err := recordlock.New(jobs, &recordlock.Options{Owner: "worker-a"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer a.Close()
+	b, err := recordlock.New(jobs, &recordlock.Options{Owner: "worker-b"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer b.Close()
+
+	// Lock → if locked elsewhere, skip → work → release.
+	k, err := a.Lock(ctx, 2, time.Minute)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := b.Lock(ctx, 2, time.Minute); errors.Is(err, recordlock.ErrLocked) {
+		fmt.Println("worker-b skips job 2: locked elsewhere")
+	}
+	// … worker-a works on job 2 under k.Context(), then:
+	if err := k.Release(ctx); err != nil {
+		log.Fatal(err)
+	}
+
+	// The claim-next loop: take the next pending job nobody holds.
+	pending := recordlock.SQL{Where: "status = ?", Args: []any{"pending"}}
+	for {
+		k, err := b.Claim(ctx, pending, time.Minute)
+		if errors.Is(err, recordlock.ErrNothingToClaim) {
+			break
+		}
+		if err != nil {
+			log.Fatal(err)
+		}
+		if _, err := db.ExecContext(k.Context(), `UPDATE jobs SET status = 'done' WHERE id = ?`, k.ID()); err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println("worker-b did job", k.ID())
+		if err := k.Release(ctx); err != nil {
+			log.Fatal(err)
+		}
+	}
+	// Output:
+	// worker-b skips job 2: locked elsewhere
+	// worker-b did job 1
+	// worker-b did job 2
+	// worker-b did job 4
 }

@@ -48,6 +48,8 @@ func TestHelperProcess(t *testing.T) {
 		err = helperMixed()
 	case "notify":
 		err = helperNotify()
+	case "watch":
+		err = helperWatch()
 	default:
 		err = fmt.Errorf("unknown helper mode %q", mode)
 	}

@@ -22,6 +22,8 @@ type queries struct {
 	purgeCache, purgeIdem, purgeLocks, purgeFences, purgeEvents string
 
 	evSeq, evRead string
+
+	watchRenew, watchSet, watchDelete, watchPrune string
 }
 
 // sub replaces the table placeholders {L} {C} {K} {I} {P} {F} {E} by the
@@ -35,6 +37,7 @@ func sub(c config, s string) string {
 		"{P}", quote(c.checkpoints),
 		"{F}", quote(c.cpTasks),
 		"{E}", quote(c.events),
+		"{W}", quote(c.watchers),
 	).Replace(s)
 }
 
@@ -308,5 +311,14 @@ RETURNING 1`)
 	// ----- events
 	q.evSeq = fmt.Sprintf(`SELECT COALESCE((SELECT seq FROM sqlite_sequence WHERE name = '%s'), 0)`, c.events)
 	q.evRead = sub(c, `SELECT id, kind, namespace, key, owner, token, at, data FROM {E} WHERE id > ? ORDER BY id LIMIT ?`)
+
+	// ----- watchers (namespace, kind, id, expiry): renew pushes a live
+	// registration's expiry forward and changes nothing once it lapsed;
+	// set (re)creates it; prune deletes every lapsed registration.
+	q.watchRenew = sub(c, `UPDATE {W} SET expires_at = :exp WHERE namespace = :ns AND kind = :kind AND id = :id AND expires_at > :now`)
+	q.watchSet = sub(c, `INSERT INTO {W} (namespace, kind, id, expires_at) VALUES (:ns, :kind, :id, :exp)
+	ON CONFLICT (namespace, kind, id) DO UPDATE SET expires_at = excluded.expires_at`)
+	q.watchDelete = sub(c, `DELETE FROM {W} WHERE namespace = :ns AND kind = :kind AND id = :id`)
+	q.watchPrune = sub(c, `DELETE FROM {W} WHERE expires_at <= :now`)
 	return q
 }

@@ -61,7 +61,7 @@ func quote(name string) string { return `"` + name + `"` }
 const nsDecl = "TEXT NOT NULL DEFAULT ''"
 
 func newLayout(c config) layout {
-	L, C, K, I, P, F, E := c.locks, c.circuits, c.cache, c.idempotency, c.checkpoints, c.cpTasks, c.events
+	L, C, K, I, P, F, E, W := c.locks, c.circuits, c.cache, c.idempotency, c.checkpoints, c.cpTasks, c.events, c.watchers
 	var l layout
 	l.tables = []tableDef{
 		{name: L, unique: "namespace,key", suffix: "PRIMARY KEY (namespace, key)", cols: []column{
@@ -148,6 +148,17 @@ func newLayout(c config) layout {
 			{"at", "INTEGER NOT NULL", ""},
 			{"data", "TEXT", ""},
 		}},
+		// The live watchers: one row per store that watches a namespace's
+		// lock or circuit events (kind 'lock' or 'circuit'), kept while it
+		// watches, its expiry pushed forward by its watcher goroutine. The
+		// event triggers write only while a row of the namespace and kind
+		// has not expired.
+		{name: W, unique: "namespace,kind,id", suffix: "PRIMARY KEY (namespace, kind, id)", cols: []column{
+			{"namespace", "TEXT NOT NULL", ""},
+			{"kind", "TEXT NOT NULL", ""},
+			{"id", "TEXT NOT NULL", ""},
+			{"expires_at", "INTEGER NOT NULL", ""},
+		}},
 	}
 
 	l.indexes = []indexDef{
@@ -160,16 +171,19 @@ func newLayout(c config) layout {
 	// Lock events: a new holding (insert, or an update that changes the
 	// token), the end of the previous holding when it was taken over
 	// after expiring, and a release. A refresh or a re-acquire by the
-	// live holder changes neither token nor released_at: no event.
+	// live holder changes neither token nor released_at: no event. Every
+	// event trigger fires only while the namespace has a live watcher of
+	// the kind (watched): a store nobody watches writes no event.
 	evCols := fmt.Sprintf(`INSERT INTO %s (kind, namespace, key, owner, token, at, data)`, quote(E))
+	lockWatched := watched(W, "NEW", "lock")
 	l.triggers = []triggerDef{
 		{name: L + "_warden_ev_ins", sql: fmt.Sprintf(`CREATE TRIGGER IF NOT EXISTS %s AFTER INSERT ON %s
-WHEN NEW.released_at IS NULL
+WHEN NEW.released_at IS NULL AND %s
 BEGIN
 	%s VALUES ('acquired', NEW.namespace, NEW.key, NEW.owner, NEW.token, COALESCE(NEW.acquired_at, NEW.updated_at, 0), NULL);
-END`, quote(L+"_warden_ev_ins"), quote(L), evCols)},
+END`, quote(L+"_warden_ev_ins"), quote(L), lockWatched, evCols), replace: true},
 		{name: L + "_warden_ev_upd", sql: fmt.Sprintf(`CREATE TRIGGER IF NOT EXISTS %s AFTER UPDATE ON %s
-WHEN NEW.token IS NOT OLD.token OR (OLD.released_at IS NULL AND NEW.released_at IS NOT NULL)
+WHEN (NEW.token IS NOT OLD.token OR (OLD.released_at IS NULL AND NEW.released_at IS NOT NULL)) AND %s
 BEGIN
 	%s SELECT 'expired', OLD.namespace, OLD.key, OLD.owner, OLD.token, COALESCE(OLD.expires_at, 0), NULL
 		WHERE NEW.token IS NOT OLD.token AND OLD.released_at IS NULL;
@@ -177,7 +191,7 @@ BEGIN
 		WHERE NEW.token IS OLD.token AND OLD.released_at IS NULL AND NEW.released_at IS NOT NULL;
 	%s SELECT 'acquired', NEW.namespace, NEW.key, NEW.owner, NEW.token, COALESCE(NEW.acquired_at, NEW.updated_at, 0), NULL
 		WHERE NEW.token IS NOT OLD.token AND NEW.released_at IS NULL;
-END`, quote(L+"_warden_ev_upd"), quote(L), evCols, evCols, evCols)},
+END`, quote(L+"_warden_ev_upd"), quote(L), lockWatched, evCols, evCols, evCols), replace: true},
 	}
 
 	// Circuit events carry a JSON snapshot of the new record.
@@ -191,19 +205,21 @@ END`, quote(L+"_warden_ev_upd"), quote(L), evCols, evCols, evCols)},
 	sqlNow := `CAST(unixepoch('subsec') * 1000 AS INTEGER)`
 	l.triggers = append(l.triggers,
 		triggerDef{name: C + "_warden_ev_ins", sql: fmt.Sprintf(`CREATE TRIGGER IF NOT EXISTS %s AFTER INSERT ON %s
+WHEN %s
 BEGIN
 	%s VALUES ('circuit', NEW.namespace, NEW.key, NEW.probe_owner, NEW.version, COALESCE(NEW.updated_at, %s), %s);
-END`, quote(C+"_warden_ev_ins"), quote(C), evCols, sqlNow, snap), replace: true},
+END`, quote(C+"_warden_ev_ins"), quote(C), watched(W, "NEW", "circuit"), evCols, sqlNow, snap), replace: true},
 		triggerDef{name: C + "_warden_ev_upd", sql: fmt.Sprintf(`CREATE TRIGGER IF NOT EXISTS %s AFTER UPDATE ON %s
-WHEN NEW.version IS NOT OLD.version OR NEW.state IS NOT OLD.state OR NEW.failure_count IS NOT OLD.failure_count
-	OR NEW.probe_owner IS NOT OLD.probe_owner OR NEW.probe_until IS NOT OLD.probe_until
+WHEN (NEW.version IS NOT OLD.version OR NEW.state IS NOT OLD.state OR NEW.failure_count IS NOT OLD.failure_count
+	OR NEW.probe_owner IS NOT OLD.probe_owner OR NEW.probe_until IS NOT OLD.probe_until) AND %s
 BEGIN
 	%s VALUES ('circuit', NEW.namespace, NEW.key, NEW.probe_owner, NEW.version, COALESCE(NEW.updated_at, %s), %s);
-END`, quote(C+"_warden_ev_upd"), quote(C), evCols, sqlNow, snap), replace: true},
+END`, quote(C+"_warden_ev_upd"), quote(C), watched(W, "NEW", "circuit"), evCols, sqlNow, snap), replace: true},
 		triggerDef{name: C + "_warden_ev_del", sql: fmt.Sprintf(`CREATE TRIGGER IF NOT EXISTS %s AFTER DELETE ON %s
+WHEN %s
 BEGIN
 	%s VALUES ('circuit-deleted', OLD.namespace, OLD.key, NULL, NULL, %s, NULL);
-END`, quote(C+"_warden_ev_del"), quote(C), evCols, sqlNow)},
+END`, quote(C+"_warden_ev_del"), quote(C), watched(W, "OLD", "circuit"), evCols, sqlNow), replace: true},
 		// Pruning: each new event deletes up to 8 of the oldest events
 		// that have fallen out of the window of the eventWindow newest
 		// (by id: an event's "at" is the time of what it reports, which
@@ -219,6 +235,18 @@ BEGIN
 END`, quote(E+"_warden_prune"), quote(E), quote(E), quote(E), eventWindow), replace: true},
 	)
 	return l
+}
+
+// watched is the condition of an event trigger on a row of table alias
+// row (NEW or OLD): the row's namespace has a watcher of kind ('lock' or
+// 'circuit') in the watchers table w whose expiry has not passed. The
+// clock is julianday('now') in Unix milliseconds, which every SQLite
+// version has (a go-go-scope program writing the table runs the trigger
+// too); a watcher's expiry is far longer than any difference between the
+// clocks of processes on one host.
+func watched(w, row, kind string) string {
+	return fmt.Sprintf(`EXISTS (SELECT 1 FROM %s WHERE namespace = %s.namespace AND kind = '%s'
+	AND expires_at > CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER))`, quote(w), row, kind)
 }
 
 func (t tableDef) createSQL() string {

@@ -74,11 +74,13 @@ type Options struct {
 	// ReadOnly opens the file for reading only (URL: ?mode=ro): the file
 	// must exist (no file is created; a missing one is an error that
 	// errors.Is(err, fs.ErrNotExist)) and already hold warden's tables;
-	// WAL is not enabled and the schema not touched, and writes fail. When
-	// SQLite cannot open the file even so (a WAL file whose -shm cannot
-	// be created in a read-only directory), it is opened immutable: what
-	// was committed when it was opened. false: read-write, created if
-	// missing.
+	// WAL is not enabled and the schema not touched, and writes fail —
+	// but for a watch's registration as a watcher, which Watch writes
+	// through a read-write connection of its own (package documentation,
+	// Notifications). When SQLite cannot open the file even so (a WAL
+	// file whose -shm cannot be created in a read-only directory), it is
+	// opened immutable: what was committed when it was opened. false:
+	// read-write, created if missing.
 	ReadOnly bool
 }
 
@@ -228,6 +230,7 @@ type config struct {
 	checkpoints string
 	cpTasks     string
 	events      string
+	watchers    string // events + "_watchers": the stores watching a namespace
 	readOnly    bool
 }
 
@@ -297,6 +300,10 @@ func newConfig(opts *Options) (config, error) {
 		}
 		seen[strings.ToLower(*n.p)] = true
 	}
+	c.watchers = c.events + "_watchers"
+	if seen[strings.ToLower(c.watchers)] {
+		return c, fmt.Errorf("sqlite: table name %q is the watchers table of events table %q", c.watchers, c.events)
+	}
 	return c, nil
 }
 
@@ -332,6 +339,10 @@ func dsn(path string, busy time.Duration, extra string) string {
 	return b.String()
 }
 
+// sqlDriver is the database/sql driver the store opens: modernc.org/sqlite's
+// (tests count statements with a driver wrapping it).
+var sqlDriver = "sqlite"
+
 // syncMode is the PRAGMA synchronous of every connection (see dsn).
 const syncMode = "FULL"
 
@@ -347,6 +358,9 @@ type store struct {
 	gate   *fileGate // one writer of this process at a time, per file
 	hub    *hub
 	closed atomic.Bool
+
+	path      string // the database file
+	immutable bool   // opened read-only and immutable (sees no other commits)
 
 	stmtMu sync.Mutex
 	stmts  map[string]*sql.Stmt // prepared statements by SQL text
@@ -402,20 +416,22 @@ func sqliteCode(err error) int {
 // openFile opens the database file at path with the dsn's extra
 // parameters and initialises the store.
 func openFile(ctx context.Context, path string, cfg config, extra string) (*store, error) {
-	db, err := sql.Open("sqlite", dsn(path, cfg.busy, extra))
+	db, err := sql.Open(sqlDriver, dsn(path, cfg.busy, extra))
 	if err != nil {
 		return nil, err
 	}
 	db.SetMaxOpenConns(maxOpenConns)
 	db.SetMaxIdleConns(maxOpenConns)
 	s := &store{
-		db:       db,
-		cfg:      cfg,
-		gate:     openGate(path),
-		stmts:    map[string]*sql.Stmt{},
-		lockPfx:  cfg.prefix + driver.TagLock,
-		circPfx:  cfg.prefix + driver.TagCircuit,
-		cachePfx: cfg.prefix + driver.TagCache,
+		db:        db,
+		cfg:       cfg,
+		gate:      openGate(path),
+		path:      path,
+		immutable: strings.Contains(extra, "immutable=1"),
+		stmts:     map[string]*sql.Stmt{},
+		lockPfx:   cfg.prefix + driver.TagLock,
+		circPfx:   cfg.prefix + driver.TagCircuit,
+		cachePfx:  cfg.prefix + driver.TagCache,
 	}
 	s.hub = newHub(s)
 	if err := s.init(ctx); err != nil {
@@ -583,6 +599,7 @@ func (s *store) Close() error {
 		return nil
 	}
 	s.hub.Close()
+	s.hub.closeRW()
 	s.stmtMu.Lock()
 	for _, st := range s.stmts {
 		st.Close()

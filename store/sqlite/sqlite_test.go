@@ -306,6 +306,12 @@ func TestOptions(t *testing.T) {
 func TestCustomTables(t *testing.T) {
 	ctx := context.Background()
 	st, _ := openTest(t, &Options{Tables: Tables{Locks: "my_locks", Cache: "my_cache", Events: "my_events"}})
+	// Events are written while the namespace is watched.
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	if _, err := st.Driver().(*store).WatchLocks(wctx); err != nil {
+		t.Fatal(err)
+	}
 	if _, ok, err := st.Locks().Acquire(ctx, "k", "o", time.Second); err != nil || !ok {
 		t.Fatalf("Acquire: %v %v", ok, err)
 	}
@@ -317,6 +323,7 @@ func TestCustomTables(t *testing.T) {
 		"SELECT count(*) FROM my_locks",
 		"SELECT count(*) FROM my_cache",
 		"SELECT count(*) FROM my_events",
+		"SELECT count(*) FROM my_events_watchers",
 	} {
 		var n int
 		if err := db.QueryRow(q).Scan(&n); err != nil || n < 1 {

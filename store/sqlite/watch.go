@@ -5,11 +5,16 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/warden-go/warden/driver"
 	"github.com/warden-go/warden/internal/eventhub"
+	sqlite3 "modernc.org/sqlite/lib"
 )
 
 // evBatch is how many events the watcher reads per query.
@@ -18,31 +23,249 @@ const evBatch = 512
 // errClosed is returned by Watch calls on a closed store.
 var errClosed = errors.New("sqlite: store closed")
 
+// errImmutableWatch is returned by Watch calls on a read-only store that
+// SQLite opened immutable (see openStore): it never sees another
+// process's commits, and cannot register as a watcher.
+var errImmutableWatch = fmt.Errorf("%w: the SQLite file was opened read-only and immutable (its directory cannot be written): it sees no changes to watch", errors.ErrUnsupported)
+
+// rwMode is the mode a read-only store opens its registration pool in:
+// read-write, never creating the file (tests set a read-only mode to play
+// a file this process cannot write).
+var rwMode = "&mode=rw"
+
+// watcherTTL is how long a watcher registration lives unless renewed; the
+// watcher goroutine renews each registration once watcherTTL/3 has passed
+// since it was written. A process that dies stops costing event writes
+// at most watcherTTL later.
+const watcherTTL = 30 * time.Second
+
+// The kinds of watcher registrations (the watchers table's kind column):
+// the lock triggers write only while the namespace has a live 'lock'
+// registration, the circuit triggers a live 'circuit' one.
+const (
+	kindLock    = "lock"
+	kindCircuit = "circuit"
+)
+
 // hub is the store's notification watcher: one goroutine (run by the
 // eventhub, started by the first WatchLocks or WatchCircuits call and
 // stopped when the last watch ends or the store closes) polls PRAGMA
 // data_version on a dedicated connection; when another connection or
 // process has committed, it reads the new rows of the events table and
 // fans them out.
+//
+// Events are written only while the namespace has a live registration in
+// the watchers table, so the hub registers the store (id) for a kind of
+// events before the first watch of that kind subscribes, keeps the
+// registration while watches of the kind remain (the goroutine renews
+// it) and deletes it after the last one ended.
 type hub struct {
 	*eventhub.Hub
-	s *store
+	s  *store
+	id string // this store's watcher id
+
+	regMu sync.Mutex           // serialises registrations, subscriptions of new watches and sync
+	reg   map[string]time.Time // registered kinds → when the row was last written (sent)
+	// rw is the pool a read-only store writes its registrations through
+	// (regDB), opened on the first registration; nil until then and for
+	// a read-write store; rwDone once closeRW ran. Guarded by regMu.
+	rw     *sql.DB
+	rwDone bool
+
+	// afterRegister, if set (tests), runs after a registration committed
+	// and before the watch subscribes.
+	afterRegister func()
 }
 
 func newHub(s *store) *hub {
-	h := &hub{s: s}
+	h := &hub{s: s, id: fmt.Sprintf("%d-%016x", os.Getpid(), rand.Uint64()), reg: map[string]time.Time{}}
 	h.Hub = eventhub.New(h.start, errClosed)
 	return h
 }
 
 // WatchLocks implements driver.LockNotifier.
 func (s *store) WatchLocks(ctx context.Context) (<-chan driver.LockEvent, error) {
-	return s.hub.WatchLocks(ctx)
+	return watch(s.hub, ctx, kindLock, s.hub.Hub.WatchLocks)
 }
 
 // WatchCircuits implements driver.CircuitNotifier.
 func (s *store) WatchCircuits(ctx context.Context) (<-chan driver.CircuitRecord, error) {
-	return s.hub.WatchCircuits(ctx)
+	return watch(s.hub, ctx, kindCircuit, s.hub.Hub.WatchCircuits)
+}
+
+// watch registers the store as a watcher of kind, if it is not, and then
+// subscribes. The registration is committed before subscribe reads where
+// the event stream stands, and so before the caller reads any state after
+// the watch returns: a change committed after that read is committed
+// after the registration, and its trigger writes the event. Every
+// subscription to the store's events goes through here, read-only stores'
+// too (they register through a pool of their own, see regDB): without a
+// registration, no event would ever be written for the watch to see.
+func watch[C any](h *hub, ctx context.Context, kind string, subscribe func(context.Context) (C, error)) (C, error) {
+	var none C
+	if h.s.immutable {
+		return none, errImmutableWatch
+	}
+	if h.s.closed.Load() {
+		return none, errClosed
+	}
+	h.regMu.Lock()
+	defer h.regMu.Unlock()
+	if _, ok := h.reg[kind]; !ok {
+		sent := time.Now()
+		if err := h.register(ctx, kind); err != nil {
+			return none, ctxErr(ctx, err)
+		}
+		h.reg[kind] = sent
+		if h.afterRegister != nil {
+			h.afterRegister()
+		}
+	}
+	ch, err := subscribe(ctx)
+	if err != nil && !h.Running() {
+		// No watcher goroutine will delete the registration.
+		h.syncLocked(context.WithoutCancel(ctx), nil)
+	}
+	return ch, err
+}
+
+// regDB is the pool that registrations are written through: the store's
+// own, or for a read-only store (whose connections cannot write) a pool
+// of one connection opened read-write on the same file on its first
+// registration — mode=rw creates nothing, and the registration is all it
+// ever writes. regMu must be held.
+func (h *hub) regDB() (*sql.DB, error) {
+	if !h.s.cfg.readOnly {
+		return h.s.db, nil
+	}
+	if h.rwDone {
+		return nil, errClosed
+	}
+	if h.rw == nil {
+		db, err := sql.Open(sqlDriver, dsn(h.s.path, h.s.cfg.busy, rwMode))
+		if err != nil {
+			return nil, err
+		}
+		db.SetMaxOpenConns(1)
+		db.SetMaxIdleConns(1)
+		h.rw = db
+	}
+	return h.rw, nil
+}
+
+// closeRW closes the registration pool of a read-only store, once the
+// watcher goroutine has ended (the store is closing).
+func (h *hub) closeRW() {
+	h.regMu.Lock()
+	defer h.regMu.Unlock()
+	h.rwDone = true
+	if h.rw != nil {
+		h.rw.Close()
+		h.rw = nil
+	}
+}
+
+// regExec runs one registration statement, not prepared: they are rare,
+// and the one that ends a registration runs while the store closes.
+// regMu must be held.
+func (h *hub) regExec(ctx context.Context, query, kind string, now int64) (int64, error) {
+	db, err := h.regDB()
+	if err != nil {
+		return 0, err
+	}
+	res, err := db.ExecContext(ctx, query, sql.Named("ns", h.s.cfg.prefix), sql.Named("kind", kind),
+		sql.Named("id", h.id), sql.Named("now", now), sql.Named("exp", now+driver.Millis(watcherTTL)))
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// register writes the store's registration of kind, deleting lapsed
+// registrations (of processes that died) on the way. A read-only store on
+// a file this process cannot write cannot register: its error matches
+// errors.ErrUnsupported.
+func (h *hub) register(ctx context.Context, kind string) error {
+	err := h.s.write(ctx, func() error {
+		now := nowMs()
+		if _, err := h.regExec(ctx, h.s.q.watchPrune, kind, now); err != nil {
+			return err
+		}
+		_, err := h.regExec(ctx, h.s.q.watchSet, kind, now)
+		return err
+	})
+	if h.s.cfg.readOnly && unwritable(err) {
+		return fmt.Errorf("%w: a read-only SQLite store watches by registering as a watcher in the file (events are written only while a process watches), and this process cannot write %q: %w",
+			errors.ErrUnsupported, h.s.path, err)
+	}
+	return err
+}
+
+// unwritable reports whether err is SQLite's answer to a write on a file
+// (or into a directory) this process may not write.
+func unwritable(err error) bool {
+	switch sqliteCode(err) {
+	case sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_PERM, sqlite3.SQLITE_AUTH:
+		return true
+	}
+	return false
+}
+
+// renew pushes the registration of kind forward. If it had lapsed (this
+// process stalled for watcherTTL) or was deleted, it is written again and
+// renew reports lapsed: events may have been missed meanwhile.
+func (h *hub) renew(ctx context.Context, kind string) (lapsed bool, err error) {
+	err = h.s.write(ctx, func() error {
+		now := nowMs()
+		n, err := h.regExec(ctx, h.s.q.watchRenew, kind, now)
+		if err != nil || n > 0 {
+			return err
+		}
+		lapsed = true
+		_, err = h.regExec(ctx, h.s.q.watchSet, kind, now)
+		return err
+	})
+	return lapsed, err
+}
+
+// sync brings the registrations in line with the subscriptions: it
+// deletes those of kinds nobody watches any more and renews the others
+// when due. A registration found lapsed is reported to the subscribers of
+// run (if not nil) as lost events, so that they read the state again.
+func (h *hub) sync(ctx context.Context, run *eventhub.Run) {
+	h.regMu.Lock()
+	defer h.regMu.Unlock()
+	h.syncLocked(ctx, run)
+}
+
+func (h *hub) syncLocked(ctx context.Context, run *eventhub.Run) {
+	wantLocks, wantCircs := h.Wants()
+	lapsed := false
+	for kind, at := range h.reg {
+		if kind == kindLock && !wantLocks || kind == kindCircuit && !wantCircs {
+			err := h.s.write(ctx, func() error {
+				_, err := h.regExec(ctx, h.s.q.watchDelete, kind, nowMs())
+				return err
+			})
+			if err == nil || h.s.closed.Load() {
+				delete(h.reg, kind)
+			}
+			continue
+		}
+		if time.Since(at) < watcherTTL/3 {
+			continue
+		}
+		sent := time.Now()
+		l, err := h.renew(ctx, kind)
+		if err != nil {
+			continue // again at the next tick
+		}
+		h.reg[kind] = sent
+		lapsed = lapsed || l
+	}
+	if lapsed && run != nil {
+		h.deliver(run, nil, true)
+	}
 }
 
 // start opens the watcher's connection and records where the event stream
@@ -66,6 +289,13 @@ func (h *hub) start(ctx context.Context) (func(context.Context, *eventhub.Run), 
 		return nil, ctxErr(ctx, err)
 	}
 	return func(ctx context.Context, run *eventhub.Run) {
+		defer func() {
+			// Delete the registrations nobody watches any more (all of
+			// them unless a new watch has started meanwhile).
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.busy)
+			defer cancel()
+			h.sync(ctx, nil)
+		}()
 		defer conn.Close()
 		h.loop(ctx, run, conn, version, last)
 	}, nil
@@ -100,6 +330,7 @@ func (h *hub) loop(ctx context.Context, run *eventhub.Run, conn *sql.Conn, versi
 			return
 		case <-t.C:
 		}
+		h.sync(ctx, run)
 		var err error
 		if poll == nil {
 			if poll, err = conn.PrepareContext(ctx, "PRAGMA data_version"); err != nil {

@@ -434,7 +434,13 @@ func TestEventsPruned(t *testing.T) {
 		}
 		return n, minID, maxID
 	}
-	// Events about long-past times are kept in a quiet table.
+	// Events about long-past times are kept in a quiet table (watched:
+	// events are written only then).
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	if _, err := st.Driver().(*store).WatchLocks(wctx); err != nil {
+		t.Fatal(err)
+	}
 	old := time.Now().Add(-time.Hour).UnixMilli()
 	for i := 0; i < 20; i++ {
 		if _, err := db.Exec(`INSERT INTO go_goscope_events (kind, namespace, key, at) VALUES ('expired', '', 'lock:old', ?)`, old); err != nil {

@@ -9,20 +9,20 @@ import (
 	"github.com/warden-go/warden/store/mongo"
 )
 
-// TestMongoPathsOnTestServer runs the lock code paths the store takes on
-// MongoDB (the acquire's single findOneAndUpdate with upsert, the E11000
-// fallback, the token compare-and-swap) on the test server too, where the
-// capability probe would otherwise choose the FerretDB paths: round trips,
-// token order, and exclusion among concurrent acquirers.
-func TestMongoPathsOnTestServer(t *testing.T) {
+// TestAcquireTokensAndExclusion walks the acquire's steps (the
+// findOneAndUpdate with upsert, the E11000 fallback's read, the renewal of
+// the caller's own holding, the token compare-and-swap): token order
+// within and across milliseconds, takeover of an expired holding, and
+// exclusion among concurrent acquirers.
+func TestAcquireTokensAndExclusion(t *testing.T) {
 	db := testDB(t, nil)
-	o := &mongo.Options{Prefix: fmt.Sprintf("mongopaths-%d:", time.Now().UnixNano())}
-	mongo.UseMongoPaths(o)
-	st, err := mongo.New(db, o)
+	prefix := fmt.Sprintf("acquire-%d:", time.Now().UnixNano())
+	st, err := mongo.New(db, &mongo.Options{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer st.Close()
+	cleanNamespace(t, prefix, mongo.Collections{})
 	ctx := t.Context()
 	lk := st.Driver().Locks()
 
