@@ -16,10 +16,12 @@ import (
 	"github.com/warden-go/warden/breaker"
 	"github.com/warden-go/warden/cache"
 	"github.com/warden-go/warden/checkpoint"
+	"github.com/warden-go/warden/driver"
 	"github.com/warden-go/warden/idempotency"
 	"github.com/warden-go/warden/lock"
 	ow "github.com/warden-go/warden/otelwarden"
 	"github.com/warden-go/warden/scope"
+	"github.com/warden-go/warden/store/memory"
 )
 
 var memorySystem = semconv.DBSystemKey.String("memory")
@@ -603,5 +605,53 @@ func TestScopeTasks(t *testing.T) {
 	}
 	if n := e.sum("warden.lock.acquisitions", ow.KeyLockOutcome.String("acquired")); n != 1 {
 		t.Errorf("the task's lock: %d acquisitions, want 1", n)
+	}
+}
+
+// downCache is a memory store's cache whose reads and writes fail as a
+// store that cannot be reached does.
+type downCache struct{ driver.Cache }
+
+var errDown = errors.New("connection refused (test outage)")
+
+func (downCache) Get(context.Context, string) (driver.CacheEntry, bool, error) {
+	return driver.CacheEntry{}, false, errDown
+}
+
+func (downCache) Set(context.Context, string, []byte, time.Duration) error { return errDown }
+
+type downStore struct{ driver.Store }
+
+func (d downStore) Cache() driver.Cache { return downCache{d.Store.Cache()} }
+
+// A GetOrLoad whose store fails loads without it: one fallback counted in
+// warden.cache.fallbacks, the load counted as any other, and the store's
+// failures in warden.cache.store.errors and warden.store.errors.
+func TestCacheFallback(t *testing.T) {
+	e := newEnv(t, false)
+	st := warden.New(downStore{memory.NewDriver(&memory.Options{Name: e.db})}, &warden.Options{Hook: e.tel, Logger: quiet})
+	t.Cleanup(func() { _ = st.Close() })
+	c, err := cache.New[int](st, &cache.Options{Observe: e.tel.Cache})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if v, err := c.GetOrLoad(context.Background(), "n", func(context.Context) (int, error) { return 4, nil }); v != 4 || err != nil {
+		t.Fatalf("GetOrLoad with the store down = %d, %v; want the loaded value", v, err)
+	}
+	if s := c.Stats(); s.StoreFallbacks != 1 {
+		t.Fatalf("stats %+v: want 1 fallback", s)
+	}
+	if n := e.sum("warden.cache.fallbacks"); n != 1 {
+		t.Errorf("fallbacks = %d, want 1", n)
+	}
+	if n, _ := e.count("warden.cache.load.duration", ow.KeyCacheOutcome.String("success")); n != 1 {
+		t.Errorf("successful loads = %d, want 1", n)
+	}
+	if n := e.sum("warden.cache.store.errors"); n < 1 {
+		t.Errorf("cache store errors = %d, want at least the failed read", n)
+	}
+	if n := e.sum("warden.store.errors", memorySystem, ow.KeyOperation.String("cache.get")); n != 1 {
+		t.Errorf("store errors of cache.get = %d, want 1", n)
 	}
 }

@@ -128,6 +128,15 @@ func TestTelemetryOffByDefault(t *testing.T) {
 // command's spans and metrics reach it before warden exits.
 func TestTelemetryExportsOverHTTP(t *testing.T) {
 	got := &received{}
+	srv := otlpHTTPCollector(t, got)
+	env := otelEnv(t, "OTEL_EXPORTER_OTLP_ENDPOINT", srv.URL)
+	r := invokeEnv(t, env, "--store", memoryURL(), "cache", "set", "k", "v")
+	want(t, r, exitOK)
+	got.check(t)
+}
+
+// otlpHTTPCollector is an OTLP/HTTP collector recording into got.
+func otlpHTTPCollector(t *testing.T, got *received) *httptest.Server {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, err := io.ReadAll(r.Body)
 		if err != nil {
@@ -152,11 +161,39 @@ func TestTelemetryExportsOverHTTP(t *testing.T) {
 		}
 		w.Header().Set("Content-Type", "application/x-protobuf")
 	}))
-	defer srv.Close()
-	env := otelEnv(t, "OTEL_EXPORTER_OTLP_ENDPOINT", srv.URL)
-	r := invokeEnv(t, env, "--store", memoryURL(), "cache", "set", "k", "v")
-	want(t, r, exitOK)
-	got.check(t)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// `warden lock run` exports the command's span with its store operations
+// (the acquire and the release) as children, and the lock metrics —
+// acquisitions, wait and hold time — before it exits, also when the
+// command it ran failed.
+func TestTelemetryLockRunExports(t *testing.T) {
+	for _, c := range []struct {
+		cmd  string
+		code int
+	}{{"true", exitOK}, {"false", 1}} {
+		got := &received{}
+		srv := otlpHTTPCollector(t, got)
+		env := otelEnv(t, "OTEL_EXPORTER_OTLP_ENDPOINT", srv.URL)
+		r := invokeEnv(t, env, "--store", memoryURL(), "lock", "run", "--ttl", "1s", "job", "--", c.cmd)
+		if r.code != c.code {
+			t.Fatalf("lock run -- %s: want exit %d, got %s", c.cmd, c.code, r)
+		}
+		got.mu.Lock()
+		for _, name := range []string{"warden lock run", "lock.acquire", "lock.release"} {
+			if !slices.Contains(got.spans, name) {
+				t.Errorf("lock run -- %s: the collector got spans %q, not %q", c.cmd, got.spans, name)
+			}
+		}
+		for _, name := range []string{"warden.lock.acquisitions", "warden.lock.wait.duration", "warden.lock.hold.duration", "warden.store.operation.duration"} {
+			if !slices.Contains(got.metrics, name) {
+				t.Errorf("lock run -- %s: the collector got metrics %q, not %q", c.cmd, got.metrics, name)
+			}
+		}
+		got.mu.Unlock()
+	}
 }
 
 // traceServer and metricServer are an OTLP/gRPC collector.

@@ -599,6 +599,11 @@ func (s *store) Close() error {
 		return nil
 	}
 	s.hub.Close()
+	// The watcher goroutine deletes the registrations when it ends; this
+	// deletes those it left (none ran, or its delete failed).
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.busy)
+	s.hub.sync(ctx, nil)
+	cancel()
 	s.hub.closeRW()
 	s.stmtMu.Lock()
 	for _, st := range s.stmts {

@@ -243,13 +243,18 @@ func (h *hub) syncLocked(ctx context.Context, run *eventhub.Run) {
 	lapsed := false
 	for kind, at := range h.reg {
 		if kind == kindLock && !wantLocks || kind == kindCircuit && !wantCircs {
-			err := h.s.write(ctx, func() error {
-				_, err := h.regExec(ctx, h.s.q.watchDelete, kind, nowMs())
+			// Not under ctx's cancellation: the last watch ending is
+			// what cancels a watcher's ctx, often while it is here.
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.s.cfg.busy)
+			err := h.s.write(dctx, func() error {
+				_, err := h.regExec(dctx, h.s.q.watchDelete, kind, nowMs())
 				return err
 			})
-			if err == nil || h.s.closed.Load() {
+			cancel()
+			if err == nil {
 				delete(h.reg, kind)
-			}
+			} // else again at the next tick, or by Close
+
 			continue
 		}
 		if time.Since(at) < watcherTTL/3 {
