@@ -59,6 +59,9 @@ func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 		}
 		return err
 	}
+	if s.queued(sk, owner) {
+		return l.acquireQueued(ctx, key, owner, try, &rec, &acquired)
+	}
 	err := s.write(ctx, func() error { return try(nil, time.Now()) })
 	if err != nil || acquired {
 		return rec, acquired, err
@@ -79,6 +82,42 @@ func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 		return nil
 	})
 	return rec, acquired, err
+}
+
+// acquireQueued is Acquire by an owner queued for the key (turns.go), in
+// one IMMEDIATE transaction: the upsert and, if it applied, the deletion
+// of owner's queue entry; if it did not, the row read as it stands.
+func (l locks) acquireQueued(ctx context.Context, key, owner string, try func(*sql.Tx, time.Time) error,
+	rec *driver.LockRecord, acquired *bool) (driver.LockRecord, bool, error) {
+	s := l.s
+	sk := s.lockPfx + key
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		*acquired = false
+		if err := try(tx, time.Now()); err != nil {
+			return err
+		}
+		if *acquired {
+			st, err := s.stmt(ctx, s.q.turnLeave)
+			if err != nil {
+				return err
+			}
+			_, err = tx.StmtContext(ctx, st).ExecContext(ctx, s.withNS(turnArgs(sk, owner, nowMs()))...)
+			return err
+		}
+		r, err := scanLock(s.queryRow(ctx, tx, s.q.lockHolder, sql.Named("key", sk)), key)
+		if err != nil {
+			return fmt.Errorf("sqlite: lock not acquired but no holder found: %w", err)
+		}
+		*rec = r
+		return nil
+	})
+	if err != nil {
+		return driver.LockRecord{}, false, err
+	}
+	if *acquired {
+		s.turns.remove(turnKey{sk, owner})
+	}
+	return *rec, *acquired, nil
 }
 
 // Refresh implements driver.Locks.

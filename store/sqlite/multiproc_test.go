@@ -50,6 +50,10 @@ func TestHelperProcess(t *testing.T) {
 		err = helperNotify()
 	case "watch":
 		err = helperWatch()
+	case "fair":
+		err = helperFair()
+	case "queue":
+		err = helperQueue()
 	default:
 		err = fmt.Errorf("unknown helper mode %q", mode)
 	}

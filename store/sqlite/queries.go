@@ -24,6 +24,8 @@ type queries struct {
 	evSeq, evRead string
 
 	watchRenew, watchSet, watchDelete, watchPrune string
+
+	turnJoin, turnPrune, turnRenew, turnLeave, turnState, purgeTurns string
 }
 
 // sub replaces the table placeholders {L} {C} {K} {I} {P} {F} {E} by the
@@ -38,6 +40,7 @@ func sub(c config, s string) string {
 		"{F}", quote(c.cpTasks),
 		"{E}", quote(c.events),
 		"{W}", quote(c.watchers),
+		"{T}", quote(c.turns),
 	).Replace(s)
 }
 
@@ -51,6 +54,19 @@ func buildQueries(c config, lg legacy) queries {
 	var q queries
 
 	// ----- locks
+	// The row applies to an acquire when owner holds it, live, or when it
+	// is free (released, expired) and not reserved for a queued waiter
+	// (turns.go): for turnGrace after the row became free — its
+	// expires_at, which a release sets to the release time — only the
+	// first of the key's live waiters (lowest seq) may take it. Without
+	// the waiters' table (a read-only file from an older warden) nothing
+	// is reserved.
+	reserved := `0`
+	if !lg.noTurns {
+		reserved = reservedFor("{L}")
+	}
+	acquirable := `({L}.released_at IS NULL AND {L}.expires_at > :now AND {L}.owner = :owner)
+	OR (({L}.released_at IS NOT NULL OR {L}.expires_at IS NULL OR {L}.expires_at <= :now) AND NOT ` + reserved + `)`
 	// A live holding: not released and not expired. The same owner on a
 	// live holding keeps its token and acquisition time; every other
 	// acquisition is a new holding with the next token, never below the
@@ -70,7 +86,7 @@ ON CONFLICT (namespace, key) DO UPDATE SET
 	expires_at = :exp,
 	released_at = NULL,
 	updated_at = :now
-WHERE {L}.released_at IS NOT NULL OR {L}.expires_at IS NULL OR {L}.expires_at <= :now OR {L}.owner = :owner
+WHERE `+acquirable+`
 RETURNING `+lockCols)
 	q.lockHolder = sub(c, `SELECT `+lockCols+` FROM {L} WHERE namespace = :ns AND key = :key`)
 	q.lockRefresh = sub(c, `UPDATE {L} SET expires_at = :exp, updated_at = :now
@@ -320,5 +336,33 @@ RETURNING 1`)
 	ON CONFLICT (namespace, kind, id) DO UPDATE SET expires_at = excluded.expires_at`)
 	q.watchDelete = sub(c, `DELETE FROM {W} WHERE namespace = :ns AND kind = :kind AND id = :id`)
 	q.watchPrune = sub(c, `DELETE FROM {W} WHERE expires_at <= :now`)
+
+	// ----- waiters' queues (turns.go): join puts owner at the end of
+	// key's queue (again, if its entry lapsed), renew pushes a live
+	// entry's expiry forward, state reads what a waiter waits for: the
+	// row live, its expires_at, and whether it is reserved for another
+	// waiter.
+	q.turnJoin = sub(c, `INSERT INTO {T} (namespace, key, owner, seq, expires_at)
+VALUES (:ns, :key, :owner, (SELECT COALESCE(max(seq), 0) + 1 FROM {T} WHERE namespace = :ns AND key = :key), :exp)
+ON CONFLICT (namespace, key, owner) DO UPDATE SET seq = excluded.seq, expires_at = excluded.expires_at`)
+	q.turnPrune = sub(c, `DELETE FROM {T} WHERE namespace = :ns AND key = :key AND expires_at <= :now`)
+	q.turnRenew = sub(c, `UPDATE {T} SET expires_at = :exp WHERE namespace = :ns AND key = :key AND owner = :owner AND expires_at > :now`)
+	q.turnLeave = sub(c, `DELETE FROM {T} WHERE namespace = :ns AND key = :key AND owner = :owner`)
+	q.turnState = sub(c, `SELECT COALESCE({L}.released_at IS NULL AND {L}.expires_at > :now, 0), COALESCE({L}.expires_at, 0), `+reserved+`
+FROM {L} WHERE namespace = :ns AND key = :key`)
+	q.purgeTurns = sub(c, `DELETE FROM {T} WHERE namespace = ? AND %s AND expires_at <= ?`)
 	return q
+}
+
+// reservedFor is the condition that the free lock row l (the table's name
+// or alias) is reserved for a waiter other than :owner: it became free
+// (its expires_at) less than turnGrace ago, and the key's queue has a
+// live entry of another owner ahead of :owner's live entry (ahead of
+// everyone, when :owner has none). The first live waiter is never
+// refused; a waiter that died stops counting when its entry lapses.
+func reservedFor(l string) string {
+	return fmt.Sprintf(`(COALESCE(%[1]s.expires_at, 0) > :now - %[2]d AND EXISTS (SELECT 1 FROM {T} AS t
+	WHERE t.namespace = :ns AND t.key = :key AND t.owner <> :owner AND t.expires_at > :now
+	AND t.seq < COALESCE((SELECT m.seq FROM {T} AS m WHERE m.namespace = :ns AND m.key = :key AND m.owner = :owner AND m.expires_at > :now), 9223372036854775807)))`,
+		l, turnGrace.Milliseconds())
 }

@@ -191,7 +191,54 @@ func statementCounts(t *testing.T, watched bool) {
 		return err
 	})
 	count("Locks.Release", 1, func() error { _, err := lk.Release(ctx, "k", "a", token); return err })
+	// Another key's queue changes nothing: the released key is taken
+	// again in one statement, its release is one.
+	other := openAt(t, path, nil).Driver().(*store)
+	if err := other.keepTurn(ctx, other.lockPfx+"q", "w", true); err != nil {
+		t.Fatal(err)
+	}
+	count("Locks.Acquire (released key, another key queued)", 1, func() error {
+		l, ok, err := lk.Acquire(ctx, "k", "a", time.Minute)
+		if err == nil && !ok {
+			t.Error("not acquired")
+		}
+		token = l.Token
+		return err
+	})
+	count("Locks.Release", 1, func() error { _, err := lk.Release(ctx, "k", "a", token); return err })
 	count("Locks.Get", 1, func() error { _, _, err := lk.Get(ctx, "k"); return err })
+	// Fair hand-off (turns.go): a waiter of another store queued for the
+	// key just released. The releaser asking again is refused: the
+	// upsert, the read of the live holder (none), then the IMMEDIATE
+	// transaction's BEGIN, upsert, read of the row and COMMIT. The
+	// queued waiter's acquire is one IMMEDIATE transaction: BEGIN, the
+	// upsert, the deletion of its entry, COMMIT.
+	if err := other.keepTurn(ctx, other.lockPfx+"k", "w", true); err != nil {
+		t.Fatal(err)
+	}
+	count("Locks.Acquire (released key reserved for a queued waiter)", 6, func() error {
+		_, ok, err := lk.Acquire(ctx, "k", "a", time.Minute)
+		if ok {
+			t.Error("the releaser took the key past the queued waiter")
+		}
+		return err
+	})
+	drv := st.Driver().(*store)
+	if err := drv.keepTurn(ctx, drv.lockPfx+"k", "b", true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.db.Exec(`DELETE FROM ` + quote(other.cfg.turns) + ` WHERE owner = 'w'`); err != nil {
+		t.Fatal(err)
+	}
+	count("Locks.Acquire (queued owner, first in line)", 4, func() error {
+		l, ok, err := lk.Acquire(ctx, "k", "b", time.Minute)
+		if err == nil && !ok {
+			t.Error("the first waiter was refused")
+		}
+		token = l.Token
+		return err
+	})
+	count("Locks.Release", 1, func() error { _, err := lk.Release(ctx, "k", "b", token); return err })
 	count("Circuits.RecordFailure", 1, func() error {
 		r, err := cb.RecordFailure(ctx, "c", 1)
 		if err == nil && r.State != driver.Open {

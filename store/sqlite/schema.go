@@ -61,7 +61,7 @@ func quote(name string) string { return `"` + name + `"` }
 const nsDecl = "TEXT NOT NULL DEFAULT ''"
 
 func newLayout(c config) layout {
-	L, C, K, I, P, F, E, W := c.locks, c.circuits, c.cache, c.idempotency, c.checkpoints, c.cpTasks, c.events, c.watchers
+	L, C, K, I, P, F, E, W, T := c.locks, c.circuits, c.cache, c.idempotency, c.checkpoints, c.cpTasks, c.events, c.watchers, c.turns
 	var l layout
 	l.tables = []tableDef{
 		{name: L, unique: "namespace,key", suffix: "PRIMARY KEY (namespace, key)", cols: []column{
@@ -157,6 +157,18 @@ func newLayout(c config) layout {
 			{"namespace", "TEXT NOT NULL", ""},
 			{"kind", "TEXT NOT NULL", ""},
 			{"id", "TEXT NOT NULL", ""},
+			{"expires_at", "INTEGER NOT NULL", ""},
+		}},
+		// The queues of lock waiters (turns.go): one row per owner waiting
+		// for a key in WaitLock, in the order of seq, kept while it waits
+		// (its expiry pushed forward) and deleted when it acquires or
+		// gives up. Warden's own table: the lock table's layout, shared
+		// with go-go-scope, is unchanged.
+		{name: T, unique: "namespace,key,owner", suffix: "PRIMARY KEY (namespace, key, owner)", cols: []column{
+			{"namespace", "TEXT NOT NULL", ""},
+			{"key", "TEXT NOT NULL", ""},
+			{"owner", "TEXT NOT NULL", ""},
+			{"seq", "INTEGER NOT NULL", ""},
 			{"expires_at", "INTEGER NOT NULL", ""},
 		}},
 	}
@@ -270,6 +282,11 @@ type legacy struct {
 	// idemValue: the idempotency table has a NOT NULL "value" column
 	// without default (the go-go-scope layout); inserts must fill it.
 	idemValue bool
+	// noTurns: the waiters' table is missing, in a file opened read-only
+	// (written by a warden from before it): the store cannot wait in the
+	// queue (it cannot acquire either), and its statements do not read
+	// the table.
+	noTurns bool
 }
 
 // inspection is what inspect found missing in the database.
@@ -286,6 +303,28 @@ type inspection struct {
 func (in inspection) current() bool {
 	return len(in.missingTables) == 0 && len(in.missingCols) == 0 && len(in.missingUnique) == 0 &&
 		len(in.missingIndex) == 0 && len(in.missingTrigger) == 0 && len(in.staleTrigger) == 0
+}
+
+// without returns in as if table were not missing.
+func (in inspection) without(table string) inspection {
+	var keep []tableDef
+	for _, t := range in.missingTables {
+		if t.name != table {
+			keep = append(keep, t)
+		}
+	}
+	in.missingTables = keep
+	return in
+}
+
+// lacks reports whether table is missing.
+func (in inspection) lacks(table string) bool {
+	for _, t := range in.missingTables {
+		if t.name == table {
+			return true
+		}
+	}
+	return false
 }
 
 // sameSQL reports whether two CREATE statements are the same definition:
@@ -420,6 +459,12 @@ func (s *store) schemaCurrent(ctx context.Context) (bool, legacy, error) {
 	in, err := inspect(ctx, s.db, newLayout(s.cfg), s.cfg.idempotency)
 	if err != nil {
 		return false, legacy{}, ctxErr(ctx, err)
+	}
+	if s.cfg.readOnly && in.lacks(s.cfg.turns) {
+		// A file of a warden from before the waiters' table, opened
+		// read-only: readable all the same (nothing read-only uses it).
+		in = in.without(s.cfg.turns)
+		in.legacy.noTurns = true
 	}
 	return in.current(), in.legacy, nil
 }

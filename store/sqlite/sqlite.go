@@ -152,8 +152,8 @@ func Open(ctx context.Context, path string, opts *Options) (*warden.Store, error
 
 // OpenDriver is Open without the warden.Store wrapper: the raw driver, for
 // tests and for callers that wrap it themselves. The returned store also
-// implements driver.Migrator, driver.Purger, driver.LockNotifier and
-// driver.CircuitNotifier.
+// implements driver.Migrator, driver.Purger, driver.LockNotifier,
+// driver.CircuitNotifier and driver.LockWaiter (turns.go).
 func OpenDriver(ctx context.Context, path string, opts *Options) (driver.Store, error) {
 	return openStore(ctx, path, opts)
 }
@@ -231,6 +231,7 @@ type config struct {
 	cpTasks     string
 	events      string
 	watchers    string // events + "_watchers": the stores watching a namespace
+	turns       string // locks + "_turns": the queues of lock waiters (turns.go)
 	readOnly    bool
 }
 
@@ -304,6 +305,11 @@ func newConfig(opts *Options) (config, error) {
 	if seen[strings.ToLower(c.watchers)] {
 		return c, fmt.Errorf("sqlite: table name %q is the watchers table of events table %q", c.watchers, c.events)
 	}
+	seen[strings.ToLower(c.watchers)] = true
+	c.turns = c.locks + "_turns"
+	if seen[strings.ToLower(c.turns)] {
+		return c, fmt.Errorf("sqlite: table name %q is the waiters' table of locks table %q", c.turns, c.locks)
+	}
 	return c, nil
 }
 
@@ -357,6 +363,7 @@ type store struct {
 	q      queries
 	gate   *fileGate // one writer of this process at a time, per file
 	hub    *hub
+	turns  turns // this store's owners queued for a key (turns.go)
 	closed atomic.Bool
 
 	path      string // the database file
@@ -517,6 +524,7 @@ func (s *store) init(ctx context.Context) error {
 		}
 	}
 	s.q = buildQueries(s.cfg, legacy)
+	s.turns.off = legacy.noTurns
 	return nil
 }
 
@@ -605,6 +613,7 @@ func (s *store) Close() error {
 	s.hub.sync(ctx, nil)
 	cancel()
 	s.hub.closeRW()
+	s.leaveAll()
 	s.stmtMu.Lock()
 	for _, st := range s.stmts {
 		st.Close()

@@ -527,8 +527,9 @@ func (h *hub) circuitEvent(e event) (driver.CircuitRecord, bool) {
 // Purge implements driver.Purger: in the namespace, expired cache entries,
 // lapsed idempotency records, lock records idle for at least
 // lockRetention and the fence rows of tasks without checkpoints unchanged
-// for lockRetention; and the events older than the eventWindow newest
-// (pruning by id, as the trigger does). Each is one DELETE statement.
+// for lockRetention; the lapsed entries of the waiters' queues; and the
+// events older than the eventWindow newest (pruning by id, as the trigger
+// does). Each is one DELETE statement.
 func (s *store) Purge(ctx context.Context, lockRetention time.Duration) (int64, error) {
 	var total int64
 	for _, p := range []struct {
@@ -556,6 +557,14 @@ func (s *store) Purge(ctx context.Context, lockRetention time.Duration) (int64, 
 		return total, err
 	}
 	total += n
+	// Lapsed entries of the waiters' queues (not counted: they are not
+	// records).
+	cond, args = s.nsRange("key", s.lockPfx)
+	if _, err := s.execCount(ctx, strings.Replace(s.q.purgeTurns, "%s", cond, 1), func(now int64) []any {
+		return append(args, now)
+	}); err != nil {
+		return total, err
+	}
 	if _, err := s.execCount(ctx, s.q.purgeEvents, func(int64) []any {
 		return []any{eventWindow}
 	}); err != nil {
