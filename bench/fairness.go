@@ -19,7 +19,7 @@ func fairnessCases() []Case {
 		name string
 		ns   func(b *testing.B) string
 	}
-	stores := []st{{"sqlite (data_version polling)", sqliteURL}}
+	stores := []st{{"sqlite (waiters' table, data_version polling)", sqliteURL}}
 	if u := os.Getenv(postgresEnv); u != "" {
 		stores = append(stores, st{"postgres (LISTEN/NOTIFY)", func(*testing.B) string { return postgresURL(u) }})
 	}
@@ -27,7 +27,7 @@ func fairnessCases() []Case {
 		stores = append(stores, st{"mysql (named-lock queue)", func(*testing.B) string { return mysqlURL(u) }})
 	}
 	if u := os.Getenv(redisEnv); u != "" {
-		stores = append(stores, st{"redis (pub/sub)", func(*testing.B) string { return redisURL(u) }})
+		stores = append(stores, st{"redis (queue beside the record, BLPOP)", func(*testing.B) string { return redisURL(u) }})
 	}
 	if u := os.Getenv(mongoEnv); u != "" {
 		stores = append(stores, st{"mongodb (capped collection, tailable cursor)", func(*testing.B) string { return mongoURL(u) }})

@@ -336,3 +336,13 @@ func (s closeWith) WatchLocks(ctx context.Context) (<-chan driver.LockEvent, err
 func (s closeWith) WatchCircuits(ctx context.Context) (<-chan driver.CircuitRecord, error) {
 	return s.Store.(driver.CircuitNotifier).WatchCircuits(ctx)
 }
+
+// WaitLock forwards to the store's lock queue.
+func (s closeWith) WaitLock(ctx context.Context, key, owner string, max time.Duration) (bool, error) {
+	return s.Store.(driver.LockWaiter).WaitLock(ctx, key, owner, max)
+}
+
+// LeaveLock forwards to the store's lock queue.
+func (s closeWith) LeaveLock(key, owner string) {
+	s.Store.(driver.LockWaiter).LeaveLock(key, owner)
+}

@@ -29,11 +29,14 @@ local function publish(kind, owner, tok)
 end
 `
 
-// acquire: ARGV[4] owner, ARGV[5] ttl ms. Reply {acquired, token,
-// acquired at, expires at[, holder]}: numbers (exact below 2^53), and the
-// holder's name only when it is not the caller.
+// acquire: ARGV[4] owner, ARGV[5] ttl ms; KEYS[2], KEYS[3] the key's
+// queue (handoff.go). Reply {acquired, token, acquired at, expires at[,
+// holder]}: numbers (exact below 2^53), and the holder's name only when it
+// is not the caller. A free key whose turn is another owner's is refused,
+// naming the turn's owner as holder until the turn's end. h is the token
+// of a holding that hands off; q marks a queue that may not be empty.
 var lockAcquire = newScript(lockEvent + `
-local r = redis.call('HMGET', KEYS[1], 'o', 't', 'a', 'e')
+local r = redis.call('HMGET', KEYS[1], 'o', 't', 'a', 'e', 'n', 'u', 'q')
 local ttl = tonumber(ARGV[5])
 local ret = tonumber(ARGV[3])
 local e = tonumber(r[4])
@@ -46,11 +49,22 @@ if r[1] and r[1] ~= '' and e > now then
 	redis.call('PEXPIREAT', KEYS[1], fmt(e + ret))
 	return {1, tonumber(r[2]), tonumber(r[3]), e}
 end
+if r[5] then
+	if r[5] ~= '' and r[5] ~= ARGV[4] and tonumber(r[6]) > now then
+		return {0, tonumber(r[2]) or 0, tonumber(r[3]) or 0, tonumber(r[6]), r[5]}
+	end
+	redis.call('HDEL', KEYS[1], 'n', 'u')
+end
+if r[7] then
+	redis.call('ZREM', KEYS[2], ARGV[4])
+	redis.call('ZREM', KEYS[3], ARGV[4])
+	if redis.call('ZCARD', KEYS[2]) == 0 then redis.call('HDEL', KEYS[1], 'q') end
+end
 local tok = now * 4096 + math.floor(tonumber(tm[2]) % 1000 * 4096 / 1000)
 local old = tonumber(r[2])
 if old and old >= tok then tok = old + 1 end
 e = now + ttl
-redis.call('HSET', KEYS[1], 'o', ARGV[4], 't', fmt(tok), 'a', fmt(now), 'e', fmt(e))
+redis.call('HSET', KEYS[1], 'o', ARGV[4], 't', fmt(tok), 'a', fmt(now), 'e', fmt(e), 'h', fmt(tok))
 redis.call('PEXPIREAT', KEYS[1], fmt(e + ret))
 publish(1, ARGV[4], tok)
 return {1, tok, now, e}
@@ -69,9 +83,11 @@ return {1, tonumber(r[2]), tonumber(r[3]), e}
 `)
 
 // release: ARGV[4] owner, ARGV[5] token; expired or not. force: ARGV[4]
-// is empty and only a live holding is ended.
-var lockRelease = newScript(lockEvent + `
-local r = redis.call('HMGET', KEYS[1], 'o', 't', 'e')
+// is empty and only a live holding is ended. KEYS[2], KEYS[3] the key's
+// queue, ARGV[6] the turn's grace in ms, ARGV[7] the wake-up lists'
+// prefix: the queue's head, if any, gets the turn (handoff.go).
+var lockRelease = newScript(lockEvent + handoffLua + `
+local r = redis.call('HMGET', KEYS[1], 'o', 't', 'e', 'q')
 if not r[1] or r[1] == '' then return 0 end
 local e = tonumber(r[3])
 if ARGV[4] == '' then
@@ -83,6 +99,10 @@ if e > now then e = now end
 redis.call('HSET', KEYS[1], 'o', '', 'e', fmt(e))
 redis.call('PEXPIREAT', KEYS[1], fmt(now + tonumber(ARGV[3])))
 publish(2, r[1], tonumber(r[2]))
+if r[4] then
+	prune()
+	grant(tonumber(ARGV[6]), ARGV[7], ARGV[2], '')
+end
 return 1
 `)
 
@@ -124,13 +144,27 @@ func lockReply(op, key, owner string, v any) (driver.LockRecord, bool, error) {
 	}, rInt(a[0]) == 1, nil
 }
 
+// lockKeys returns the keys of key's lock scripts: the record and its
+// queue (handoff.go).
+func (l *locks) lockKeys(key string) []string {
+	s := l.s()
+	q, qd, _, _ := s.queueKeys(key, "")
+	return []string{s.key(kindLock, key), q, qd}
+}
+
 // Acquire implements driver.Locks.
 func (l *locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (driver.LockRecord, bool, error) {
-	v, err := l.s().run(ctx, lockAcquire, l.s().key(kindLock, key), l.args(key, owner, driver.Millis(ttl))...)
+	s := l.s()
+	v, err := s.runKeys(ctx, lockAcquire, l.lockKeys(key), l.args(key, owner, driver.Millis(ttl))...)
 	if err != nil {
 		return driver.LockRecord{}, false, err
 	}
-	return lockReply("acquire", key, owner, v)
+	rec, ok, err := lockReply("acquire", key, owner, v)
+	if ok {
+		// The script took owner's queue entry and turn out with the key.
+		s.ho.unmark(key, owner)
+	}
+	return rec, ok, err
 }
 
 // Refresh implements driver.Locks.
@@ -144,14 +178,20 @@ func (l *locks) Refresh(ctx context.Context, key, owner string, token int64, ttl
 
 // Release implements driver.Locks.
 func (l *locks) Release(ctx context.Context, key, owner string, token int64) (bool, error) {
-	v, err := l.s().run(ctx, lockRelease, l.s().key(kindLock, key), l.args(key, owner, token)...)
+	v, err := l.s().runKeys(ctx, lockRelease, l.lockKeys(key), l.releaseArgs(key, owner, token)...)
 	return rInt(v) == 1, err
 }
 
 // ForceRelease implements driver.Locks.
 func (l *locks) ForceRelease(ctx context.Context, key string) (bool, error) {
-	v, err := l.s().run(ctx, lockRelease, l.s().key(kindLock, key), l.args(key, "", 0)...)
+	v, err := l.s().runKeys(ctx, lockRelease, l.lockKeys(key), l.releaseArgs(key, "", 0)...)
 	return rInt(v) == 1, err
+}
+
+// releaseArgs are the release script's arguments.
+func (l *locks) releaseArgs(key, owner string, token int64) []any {
+	_, _, _, wpre := l.s().queueKeys(key, "")
+	return l.args(key, owner, token, driver.Millis(turnGrace), wpre)
 }
 
 // Get implements driver.Locks.

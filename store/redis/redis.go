@@ -16,6 +16,9 @@
 //	<prefix>{<tag>}idem:<key>        idempotency record (hash)
 //	<prefix>{<tag>}cp:<task>         checkpoints (sorted set by sequence)
 //	<prefix>{<tag>}cpfence:<task>    checkpoint fence (hash)
+//	<prefix>{<tag>}lockq:<key>       lock waiters by arrival (sorted set)
+//	<prefix>{<tag>}lockqd:<key>      lock waiters by deadline (sorted set)
+//	<prefix>{<tag>}lockw:<n>:<owner><key>  a lock waiter's wake-ups (list)
 //
 // where <tag> is eight hex digits of the FNV-1a hash of the key, name or
 // task id. Lock and circuit events travel over pub/sub on the channel
@@ -33,7 +36,8 @@
 // URL parameters: prefix, max_value_bytes, cluster, addr (repeated; more
 // seed or Sentinel addresses), master_name (Sentinel), db (unix URLs),
 // dial_timeout, read_timeout, write_timeout, pool_size,
-// lock_retention.
+// lock_retention, handoff (default true; false: lock waiters poll) and
+// handoff_conns (see Options.HandoffConns).
 package redis
 
 import (
@@ -84,6 +88,14 @@ type Options struct {
 	// cluster spreads them. The zero value, TagPerKey, spreads the records
 	// of a namespace over every master.
 	KeyLayout KeyLayout
+	// HandoffConns bounds the lock waits the store runs at once
+	// (docs/backends.md, "Lock hand-off"): each blocks a connection of the
+	// client's pool in BLPOP until its turn comes. Beyond the bound a
+	// waiter polls, woken by the store's notifications, as without
+	// hand-off. 0: 8, at most a quarter of the client's PoolSize;
+	// negative: no waits (the store still hands released keys to the
+	// waiters other stores queued, and leaves them to those waiters).
+	HandoffConns int
 }
 
 // KeyLayout is the hash tag of a store's Redis keys: what Redis Cluster
@@ -227,6 +239,11 @@ func parseURL(u *url.URL, base *Options) (*goredis.UniversalOptions, *Options, e
 	o.Prefix = q.String("prefix", o.Prefix)
 	o.MaxValueBytes = q.Int("max_value_bytes", o.MaxValueBytes)
 	o.LockRetention = q.Duration("lock_retention", o.LockRetention)
+	off := o.HandoffConns < 0
+	o.HandoffConns = q.Int("handoff_conns", max(o.HandoffConns, 0))
+	if !q.Bool("handoff", !off) {
+		o.HandoffConns = -1
+	}
 	switch layout := q.String("key_layout", o.KeyLayout.String()); layout {
 	case "key":
 		o.KeyLayout = TagPerKey
@@ -312,6 +329,7 @@ type store struct {
 	maxValue  int
 	retention int64 // lock retention in ms
 	hub       *eventhub.Hub
+	ho        *handoff // lock waits (handoff.go)
 
 	closeOnce sync.Once
 	closed    chan struct{}
@@ -356,6 +374,7 @@ func newStore(client goredis.UniversalClient, owned bool, opts *Options) (*store
 		s.nsTag = tag(o.Prefix)
 	}
 	s.hub = eventhub.New(s.startWatcher, warden.ErrClosed)
+	s.ho = newHandoff(client, o.HandoffConns)
 	return s, nil
 }
 
@@ -391,6 +410,7 @@ func (s *store) Close() error {
 	var err error
 	s.closeOnce.Do(func() {
 		close(s.closed)
+		s.ho.close()
 		s.hub.Close()
 		if s.owned {
 			err = s.client.Close()

@@ -2,12 +2,16 @@ package redis_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
+	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
 	"github.com/warden-go/warden/store/redis"
 )
@@ -144,8 +148,96 @@ func TestRoundTrips(t *testing.T) {
 					}
 				}
 			}
+			handoffRoundTrips(t, tc.url(t, prefix), tc.client(t), st, cnt, key)
 		})
 	}
+}
+
+// handoffRoundTrips: with lock waiters queued (driver.LockWaiter), the
+// lock primitives stay one round trip each: a release hands the key to
+// the queue's head and wakes it in its own script, a woken waiter's
+// acquire is one script, and its LeaveLock after acquiring sends nothing.
+// key's scripts are loaded (the caller ran them).
+func handoffRoundTrips(t *testing.T, u string, raw goredis.UniversalClient, st *warden.Store, cnt *counter, key string) {
+	ctx := t.Context()
+	other, err := redis.Open(ctx, u, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	trips := func(what string, want int64, f func() error) {
+		t.Helper()
+		before := cnt.n.Load()
+		if err := f(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if got := cnt.n.Load() - before; got != want {
+			t.Errorf("%s: %d round trips, want %d", what, got, want)
+		}
+	}
+	queued := func(owner string) {
+		t.Helper()
+		_, q, _ := redis.QueueKeys(st, key, "")
+		for {
+			owners, err := raw.ZRange(ctx, q, 0, -1).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if slices.Contains(owners, owner) {
+				return
+			}
+			time.Sleep(5 * time.Millisecond) // polling the server's state
+		}
+	}
+	wait := func(st *warden.Store, owner string) <-chan error {
+		ch := make(chan error, 1)
+		go func() {
+			again, err := st.Driver().(driver.LockWaiter).WaitLock(ctx, key, owner, time.Minute)
+			if err == nil && !again {
+				err = errors.New("WaitLock returned false")
+			}
+			ch <- err
+		}()
+		return ch
+	}
+	// This store's waiter, woken by another store's release.
+	rec, ok, err := other.Locks().Acquire(ctx, key, "h", time.Minute)
+	if err != nil || !ok {
+		t.Fatalf("Acquire: ok=%v err=%v", ok, err)
+	}
+	woken := wait(st, "w")
+	queued("w")
+	if _, err := other.Locks().Release(ctx, key, "h", rec.Token); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-woken; err != nil {
+		t.Fatal(err)
+	}
+	trips("acquire (a woken waiter)", 1, func() error {
+		rec, ok, err = st.Locks().Acquire(ctx, key, "w", time.Minute)
+		if err == nil && !ok {
+			err = fmt.Errorf("not acquired: held by %q", rec.Owner)
+		}
+		return err
+	})
+	trips("LeaveLock after acquiring", 0, func() error {
+		st.Driver().(driver.LockWaiter).LeaveLock(key, "w")
+		return nil
+	})
+	// Another store's waiter, handed the key by this store's release.
+	woken = wait(other, "x")
+	queued("x")
+	trips("release (a waiter queued)", 1, func() error {
+		ok, err := st.Locks().Release(ctx, key, "w", rec.Token)
+		if err == nil && !ok {
+			err = errors.New("not released")
+		}
+		return err
+	})
+	if err := <-woken; err != nil {
+		t.Fatal(err)
+	}
+	other.Driver().(driver.LockWaiter).LeaveLock(key, "x")
 }
 
 // TestScriptsReload: a server that lost its scripts (SCRIPT FLUSH, a

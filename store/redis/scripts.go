@@ -71,6 +71,15 @@ func (s *store) run(ctx context.Context, sc script, key string, args ...any) (an
 	return v, s.fail(ctx, err)
 }
 
+// runKeys runs sc with keys (of one hash slot).
+func (s *store) runKeys(ctx context.Context, sc script, keys []string, args ...any) (any, error) {
+	v, err := s.eval(ctx, sc, keys, args).Result()
+	if errors.Is(err, goredis.Nil) {
+		return nil, nil
+	}
+	return v, s.fail(ctx, err)
+}
+
 // run2 runs sc with two keys (of one hash slot).
 func (s *store) run2(ctx context.Context, sc script, k1, k2 string, args ...any) (any, error) {
 	v, err := s.eval(ctx, sc, []string{k1, k2}, args).Result()
