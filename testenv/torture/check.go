@@ -38,11 +38,16 @@ type Run struct {
 // waiter never sleeps past the holder's known expiry), one acquire round
 // trip through its healthy proxy (on the shared 2-core machine, with seven
 // stores' workers running, dynalite and FerretDB answer in up to a few
-// hundred ms), and being scheduled. 1.5 s covers all of that with room; a
-// lock that is really stuck (a holding that does not lapse, a waiter that
-// is never woken) stays stuck for seconds more — until the 5 s Acquire
-// timeout at least — so it is still caught.
-const defaultMargin = 1500 * time.Millisecond
+// hundred ms), and being scheduled: 1.5 s covers that with room. On the
+// stores that queue waiters for a fair hand-off (MySQL, SQLite, Redis,
+// DynamoDB) the free key may also be reserved for the first waiter of its
+// queue — which may be a worker of the killed or stopped process — until
+// that waiter's entry lapses or its turn ends: at most 2 s (MySQL's
+// handoffGrace, SQLite's turnGrace and turnTTL; Redis's turn of 1 s plus
+// one 500 ms renewal). So 1.5 s + 2 s. A lock that is really stuck (a
+// holding that does not lapse, a waiter that is never woken) stays stuck
+// for good, and is still caught.
+const defaultMargin = 3500 * time.Millisecond
 
 // The leak slack. The end sample and the warm-up sample are both taken
 // while the worker runs, so they differ by what is in flight at the

@@ -146,8 +146,8 @@ func TestCheckTokenBackwards(t *testing.T) {
 func TestCheckStuckLock(t *testing.T) {
 	run := cleanRun()
 	// Process 1 holds k2 when it is killed at 1 s; process 2 waits for k2
-	// from 1.1 s on but gets it only at 5 s: TTL 300 ms + margin 1.5 s
-	// would have been 2.8 s.
+	// from 1.1 s on but gets it only at 5 s: TTL 300 ms + margin 3.5 s
+	// would have been 4.8 s.
 	run.Events = append(run.Events,
 		Event{Ev: "wait", T: ms(800), PID: 1, Key: "k2"},
 		Event{Ev: "begin", T: ms(800), PID: 1, Key: "k2", Lease: "1-1-1", Token: 20, TTL: int64(300 * time.Millisecond)},
