@@ -384,9 +384,37 @@ func (s *store) LeaveLock(key, owner string) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	s.leave(ctx, key, owner)
+}
+
+// leave runs the script that takes owner out of key's queue and passes a
+// turn it has on.
+func (s *store) leave(ctx context.Context, key, owner string) {
 	q, qd, _, wpre := s.queueKeys(key, owner)
 	_ = s.eval(ctx, waitLeave, []string{s.key(kindLock, key), q, qd},
 		[]any{owner, driver.Millis(turnGrace), wpre, key}).Err()
+}
+
+// leaveAll takes the store's owners out of every queue they may be in
+// and passes their turns on, as the store closes: the lock package's
+// LeaveLock for a wait that Close ended comes after the client is gone,
+// and without this the entries would keep their places (and be handed
+// turns) until they lapse. Bounded by ctx.
+func (s *store) leaveAll(ctx context.Context) {
+	h := s.ho
+	h.mu.Lock()
+	ks := make([]qKey, 0, len(h.queued))
+	for k := range h.queued {
+		ks = append(ks, k)
+	}
+	clear(h.queued)
+	h.mu.Unlock()
+	for _, k := range ks {
+		if ctx.Err() != nil {
+			return
+		}
+		s.leave(ctx, k.key, k.owner)
+	}
 }
 
 // close wakes the waits in flight and waits for their wake-ups to be

@@ -659,6 +659,11 @@ func TestHandoffCloseEndsWaits(t *testing.T) {
 	if n := redis.WaitsOut(wst); n != 0 {
 		t.Errorf("%d waits out after Close, want 0", n)
 	}
+	// The closed store's waiter left the queue: it keeps no place that a
+	// release would hand a turn to.
+	if q := queue(t, c, st, "k"); len(q) != 0 {
+		t.Errorf("queue after the waiting store closed: %v, want empty", q)
+	}
 }
 
 // TestHandoffWaitsBounded: a store with handoff_conns=1 runs one wait at

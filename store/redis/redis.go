@@ -411,6 +411,9 @@ func (s *store) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.closed)
 		s.ho.close()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		s.leaveAll(ctx)
+		cancel()
 		s.hub.Close()
 		if s.owned {
 			err = s.client.Close()

@@ -67,6 +67,12 @@ type turns struct {
 
 	mu sync.Mutex
 	m  map[turnKey]time.Time
+
+	// leaving is held (read) by each LeaveLock while it deletes an entry,
+	// and taken by Close before it closes the database, so that a
+	// LeaveLock that took its entry out of m before Close's leaveAll ran
+	// has deleted it too.
+	leaving sync.RWMutex
 }
 
 type turnKey struct{ sk, owner string }
@@ -124,6 +130,11 @@ func (s *store) keepTurn(ctx context.Context, sk, owner string, force bool) erro
 		s.turns.set(k, time.Time{})
 	}
 	err := s.write(ctx, func() error {
+		if s.closed.Load() {
+			// Close's leaveAll may have deleted the entries already:
+			// writing one now would leave it to lapse.
+			return warden.ErrClosed
+		}
 		args := turnArgs(sk, owner, nowMs())
 		if ok {
 			res, err := s.exec(ctx, s.q.turnRenew, args...)
@@ -252,21 +263,23 @@ func (s *store) waitErr(ctx context.Context) error {
 // LeaveLock implements driver.LockWaiter: owner leaves key's queue.
 func (s *store) LeaveLock(key, owner string) {
 	sk := s.lockPfx + key
-	if !s.turns.remove(turnKey{sk, owner}) || s.closed.Load() {
+	s.turns.leaving.RLock()
+	defer s.turns.leaving.RUnlock()
+	if !s.turns.remove(turnKey{sk, owner}) {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.busy)
-	defer cancel()
-	// A failure leaves the entry to lapse (turnTTL).
-	_ = s.write(ctx, func() error {
-		_, err := s.exec(ctx, s.q.turnLeave, turnArgs(sk, owner, nowMs())...)
-		return err
-	})
+	// Also while the store closes: Close ends the waits in flight, whose
+	// LeaveLock may come after Close's leaveAll looked for entries.
+	s.deleteTurns([]turnKey{{sk, owner}})
 }
 
-// leaveAll deletes the queue entries of the store's owners as it closes
-// (not prepared: the store no longer prepares statements).
+// leaveAll deletes the queue entries of the store's owners as it closes,
+// and waits for the LeaveLock calls deleting theirs.
 func (s *store) leaveAll() {
+	defer func() {
+		s.turns.leaving.Lock()
+		s.turns.leaving.Unlock()
+	}()
 	s.turns.mu.Lock()
 	ks := make([]turnKey, 0, len(s.turns.m))
 	for k := range s.turns.m {
@@ -274,6 +287,13 @@ func (s *store) leaveAll() {
 	}
 	clear(s.turns.m)
 	s.turns.mu.Unlock()
+	s.deleteTurns(ks)
+}
+
+// deleteTurns deletes the queue entries ks, bounded by the busy timeout;
+// a failure leaves them to lapse (turnTTL). Not prepared: it runs while
+// the store closes too, when it no longer prepares statements.
+func (s *store) deleteTurns(ks []turnKey) {
 	if len(ks) == 0 {
 		return
 	}

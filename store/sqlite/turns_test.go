@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
 	"github.com/warden-go/warden/lock"
 )
@@ -519,5 +520,53 @@ func TestTurnsOlderFile(t *testing.T) {
 	var n int
 	if err := rw.Driver().(*store).db.QueryRow("SELECT count(*) FROM " + quote(s.cfg.turns)).Scan(&n); err != nil {
 		t.Fatalf("the waiters' table was not added: %v", err)
+	}
+}
+
+// TestTurnsCloseLeavesQueue: a store closed while its Locker waits in the
+// queue takes its entry out as it closes — the wait ends with ErrClosed
+// and the entry is gone at once, so no release hands the key to a waiter
+// that is no more (it kept its place until the entry lapsed, 2 s, when
+// the wait's own LeaveLock came after Close's clean-up).
+func TestTurnsCloseLeavesQueue(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	path := filepath.Join(t.TempDir(), "close.db")
+	hst := openAt(t, path, nil)
+	probe := hst.Driver().(*store)
+	holder, err := lock.New(hst, &lock.Options{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	for round := range 5 {
+		held, err := holder.Acquire(ctx, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		wst, err := Open(ctx, path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		waiter, err := lock.New(wst, &lock.Options{TTL: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan error, 1)
+		go func() { _, err := waiter.Acquire(ctx, "k"); got <- err }()
+		pollUntil(t, ctx, "the waiter to queue", func() bool { _, _, ok := turnEntry(t, probe, "k", waiter.Owner()); return ok })
+		if err := wst.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-got; !errors.Is(err, warden.ErrClosed) && !errors.Is(err, lock.ErrClosed) {
+			t.Fatalf("round %d: Acquire on a store closed while it waited: %v, want ErrClosed", round, err)
+		}
+		if _, _, ok := turnEntry(t, probe, "k", waiter.Owner()); ok {
+			t.Fatalf("round %d: the closed store's waiter is still queued", round)
+		}
+		waiter.Close()
+		if err := held.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

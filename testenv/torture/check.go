@@ -39,8 +39,8 @@ type Run struct {
 // trip through its healthy proxy (on the shared 2-core machine, with seven
 // stores' workers running, dynalite and FerretDB answer in up to a few
 // hundred ms), and being scheduled: 1.5 s covers that with room. On the
-// stores that queue waiters for a fair hand-off (MySQL, SQLite, Redis,
-// DynamoDB) the free key may also be reserved for the first waiter of its
+// stores that queue waiters for a fair hand-off (MySQL, SQLite, Redis)
+// the free key may also be reserved for the first waiter of its
 // queue — which may be a worker of the killed or stopped process — until
 // that waiter's entry lapses or its turn ends: at most 2 s (MySQL's
 // handoffGrace, SQLite's turnGrace and turnTTL; Redis's turn of 1 s plus
