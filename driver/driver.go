@@ -187,11 +187,12 @@ type LockNotifier interface {
 	WatchLocks(ctx context.Context) (<-chan LockEvent, error)
 }
 
-// LockWaiter is the optional capability of stores whose server can queue
-// the waiters of a lock and wake the first of them the moment the holder
-// releases it or its session ends (MySQL's named locks, GET_LOCK). The
-// queue only orders and wakes; the lock record alone decides who holds
-// the lock, exactly as without the capability.
+// LockWaiter is the optional capability of stores that can queue the
+// waiters of a lock in the store and hand a released key to the first of
+// them (MySQL's named locks, GET_LOCK; SQLite's waiters' table; Redis's
+// queue beside the lock record). The queue only orders and wakes; the
+// lock record alone decides who holds the lock, exactly as without the
+// capability.
 //
 // A waiter whose turn came keeps it — others queue behind it — until its
 // Acquire turns it into a holding, or until LeaveLock. While it has its

@@ -7,12 +7,12 @@ import (
 	"github.com/warden-go/warden/driver"
 )
 
-// Waiting in the store's queue. On a store with a server-side queue for
-// lock waiters (driver.LockWaiter: MySQL's named locks), the first waiter
-// of a key in a Locker waits there between two attempts instead of
-// sleeping a back-off: the server wakes it the moment the holder releases
-// the key (or its session ends), in the order the waiters of every
-// process queued. The lock record still decides: a waiter whose turn
+// Waiting in the store's queue. On a store that queues lock waiters
+// (driver.LockWaiter: MySQL's named locks, SQLite's waiters' table,
+// Redis's queue beside the record), the first waiter of a key in a Locker
+// waits there between two attempts instead of sleeping a back-off: the
+// store wakes it when the holder releases the key (or, on MySQL, its
+// session ends), in the order the waiters of every process queued. The lock record still decides: a waiter whose turn
 // came tries Acquire, and polls as before while the record shows a holder
 // outside the queue.
 
