@@ -355,8 +355,15 @@ func (r *RecordTable) claimQuery(f recordlock.SQL, cleared bool) string {
 	filter := "(\n" + where + "\n)"
 	orderBy := "ORDER BY " + order + "\n"
 	n := len(f.Args)
+	// The UPDATE takes the picked row only if it is still free, whatever
+	// the filter did: the pick already holds the row's lock, so this
+	// changes nothing for a filter that keeps to its parentheses, and a
+	// filter that escapes them (an unbalanced ")") cannot hand out a row
+	// whose lock is live.
+	free := B + ` IS NULL OR ` + U + ` <= ` + N
 	third, thirdID := "", ""
 	if cleared {
+		free += ` OR ` + r.clearedPred()
 		third = `warden_cleared AS MATERIALIZED (SELECT ` + I + ` AS warden_id FROM ` + T + ` WHERE ` + r.clearedPred() + ` AND ` + filter + `
 ` + orderBy + `LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED),
 `
@@ -370,7 +377,7 @@ warden_lapsed AS MATERIALIZED (SELECT ` + I + ` AS warden_id FROM ` + T + ` WHER
 ` + third + `warden_pick AS MATERIALIZED (SELECT ` + I + ` AS warden_id FROM ` + T + ` WHERE ` + I + ` IN (SELECT warden_id FROM warden_free UNION ALL SELECT warden_id FROM warden_lapsed` + thirdID + `)
 ` + orderBy + `LIMIT 1)
 UPDATE ` + T + ` SET ` + B + ` = $` + strconv.Itoa(n+1) + `::text, ` + U + ` = ` + N + ` + $` + strconv.Itoa(n+2) + `::bigint * interval '1 millisecond', ` + K + ` = ` + r.nextToken() + `
-FROM warden_pick WHERE ` + T + `.` + I + ` = warden_pick.warden_id
+FROM warden_pick WHERE ` + T + `.` + I + ` = warden_pick.warden_id AND (` + free + `)
 RETURNING ` + T + `.` + I + `, ` + T + `.` + B + `, ` + T + `.` + U + `, ` + T + `.` + K + `, ` + N + `
 `
 }

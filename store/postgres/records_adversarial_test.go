@@ -406,3 +406,37 @@ func TestAdversarialRecordsClaimSkipsRowWithClearedHolder(t *testing.T) {
 		defer k.Release(ctx)
 	}
 }
+
+// FIXED (claim: "Claim never hands out a record whose lock is live").
+// A Where that closes the parentheses Claim puts around it ("TRUE) OR
+// (TRUE") escaped the free-row conditions of the candidate queries, and
+// the final UPDATE took the pick without looking again: Claim took a
+// record another Locker held live. The UPDATE now takes the picked row
+// only if it is free; a filter that escapes gets no live-locked record.
+func TestAdversarialRecordsUnbalancedWhereCannotStealALiveLock(t *testing.T) {
+	_, rt, _ := rlTable(t, "text", 3)
+	ctx := rlCtx(t)
+	victim := advLocker(t, rt, nil)
+	claimer := advLocker(t, rt, nil)
+	var held []*recordlock.Lock
+	for _, id := range []string{"rec-000001", "rec-000002", "rec-000003"} {
+		k, err := victim.Lock(ctx, id, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, k)
+	}
+	for _, w := range []string{"TRUE) OR (TRUE", "id = 'rec-000001') OR (id = 'rec-000001'"} {
+		k, err := claimer.Claim(ctx, recordlock.SQL{Where: w}, time.Minute)
+		if err == nil {
+			t.Errorf("Claim with Where %q took %v, which another Locker holds live", w, k.ID())
+			_ = k.Release(ctx)
+		}
+	}
+	for _, k := range held {
+		if k.Err() != nil {
+			t.Errorf("the victim's lock on %v ended: %v", k.ID(), k.Err())
+		}
+		_ = k.Release(ctx)
+	}
+}
