@@ -229,7 +229,11 @@ WHERE {id} = ? AND {by} = ? AND {tok} = ? AND {until} > UTC_TIMESTAMP(3)`)
 ) AND {until} <= UTC_TIMESTAMP(3) ORDER BY %s LIMIT 1 FOR UPDATE SKIP LOCKED`)
 	t.qClaimPick = r.Replace(`SELECT {id} FROM {T} WHERE {id} IN (%s) ORDER BY %s LIMIT 1`)
 	t.qClaimHeadCleared, t.qClaimCleared = t.claimCleared()
-	t.qUpdateClaimed = r.Replace(`UPDATE {T} SET {by} = ?, {until} = ` + fromMs("?") + `, {tok} = ?{keep} WHERE {id} = ?`)
+	// Only while the row is still free: the candidate already holds its
+	// lock, so this changes nothing for a filter that keeps to its
+	// parentheses, and one that escapes them (an unbalanced ")") cannot
+	// take a row whose lock is live.
+	t.qUpdateClaimed = r.Replace(`UPDATE {T} SET {by} = ?, {until} = ` + fromMs("?") + `, {tok} = ?{keep} WHERE {id} = ? AND ` + free)
 }
 
 // claimCleared returns the head and the tail of Claim's third search,

@@ -436,3 +436,37 @@ func TestAdversarialRecordsClaimSkipsRowWithClearedHolder(t *testing.T) {
 	}
 	_ = k.Release(ctx)
 }
+
+// FIXED (claim: "Claim never hands out a record whose lock is live").
+// A Where that closes the parentheses Claim puts around it ("TRUE) OR
+// (TRUE") escaped the candidate searches' free-row conditions, and the
+// UPDATE took the candidate by id alone: Claim took a record another
+// Locker held live. The UPDATE now takes the row only while it is free;
+// such a filter gets an error, never a live-locked record.
+func TestAdversarialRecordsUnbalancedWhereCannotStealALiveLock(t *testing.T) {
+	ctx := advCtx(t)
+	f := newRecordFixture(t, nil, 3, false)
+	victim := advLocker(t, f.rt, nil)
+	claimer := advLocker(t, f.rt, nil)
+	var held []*recordlock.Lock
+	for _, id := range []string{"rec-000001", "rec-000002", "rec-000003"} {
+		k, err := victim.Lock(ctx, id, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, k)
+	}
+	for _, w := range []string{"TRUE) OR (TRUE", "id = 'rec-000001') OR (id = 'rec-000001'"} {
+		k, err := claimer.Claim(ctx, recordlock.SQL{Where: w}, time.Minute)
+		if err == nil {
+			t.Errorf("Claim with Where %q took %v, which another Locker holds live", w, k.ID())
+			_ = k.Release(ctx)
+		}
+	}
+	for _, k := range held {
+		if k.Err() != nil {
+			t.Errorf("the victim's lock on %v ended: %v", k.ID(), k.Err())
+		}
+		_ = k.Release(ctx)
+	}
+}
