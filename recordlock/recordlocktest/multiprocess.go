@@ -1,10 +1,12 @@
 package recordlocktest
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/recordlock"
 )
 
@@ -25,7 +28,7 @@ const childEnv = "WARDEN_RECORDLOCKTEST_CHILD"
 const children = 2
 
 type childConfig struct {
-	Role       string // "exclusion" or "claim"
+	Role       string // "exclusion", "expiry" or "claim"
 	Table      string
 	Dir        string // shared: barrier, marker, tokens, results
 	ID         int
@@ -41,6 +44,16 @@ type childResult struct {
 	Sections int
 	Tokens   []int64  // exclusion: the token of each section
 	Claimed  []string // claim: the ids claimed
+	Grants   []grant  // expiry: every holding, in the order taken
+}
+
+// grant is one holding of the expiry check, in Unix nanoseconds on the
+// host's wall clock, which every process of the check shares.
+type grant struct {
+	Token    int64
+	Returned int64 // when Lock returned the holding
+	End      int64 // its local deadline, or when its Release was sent if sooner
+	Released bool
 }
 
 // Child runs this process as a child of the multi-process checks if the
@@ -91,7 +104,7 @@ func runChild[F any](ctx context.Context, h Harness[F], cfg childConfig, res *ch
 			return
 		}
 		defer closeFn()
-		l, err := recordlock.New(d, &recordlock.Options{Owner: fmt.Sprintf("child%d", cfg.ID), NoAutoExtend: cfg.Role == "claim"})
+		l, err := recordlock.New(d, &recordlock.Options{Owner: fmt.Sprintf("child%d", cfg.ID), NoAutoExtend: cfg.Role != "exclusion"})
 		if err != nil {
 			fail("new: %v", err)
 			return
@@ -151,6 +164,27 @@ func runChild[F any](ctx context.Context, h Harness[F], cfg childConfig, res *ch
 					if err := k.Release(ctx); err != nil {
 						fail("release: %v", err)
 					}
+				}
+			case "expiry":
+				for i := range cfg.Rounds {
+					k, err := lockAfter(ctx, l, h.ID(1), recordlock.MinDuration)
+					returned := time.Now()
+					if err != nil {
+						fail("lock: %v", err)
+						return
+					}
+					g := grant{Token: k.Token(), Returned: returned.UnixNano(), End: k.Deadline().UnixNano()}
+					if i%2 == 1 { // every other holding is released early
+						if sent := time.Now(); sent.Before(k.Deadline()) {
+							g.End, g.Released = sent.UnixNano(), true
+							if err := k.Release(ctx); err != nil && !errors.Is(err, recordlock.ErrLeaseLost) {
+								fail("release: %v", err)
+							}
+						}
+					}
+					mu.Lock()
+					res.Grants = append(res.Grants, g)
+					mu.Unlock()
 				}
 			case "claim":
 				for range 2 * cfg.Records { // bounded: a claim that takes a held record shows
@@ -282,6 +316,77 @@ func mpExclusion[F any](t *testing.T, h Harness[F]) {
 	for i := 1; i < len(tokens); i++ {
 		if tokens[i] == tokens[i-1] {
 			t.Errorf("token %d issued twice across processes", tokens[i])
+		}
+	}
+}
+
+// mpExpiry checks the deadline rule across processes at the shortest
+// duration: holdings of one record that are left to lapse (NoAutoExtend,
+// never released) or released early, taken by 2 processes × 3
+// goroutines. Each holding's local deadline is its send time plus the
+// duration less the margin, and the store's expiry is its clock at the
+// grant plus the duration; so a process may be granted the record only
+// after the previous holding's local deadline (or its Release). Compared
+// on the host's wall clock, which the processes share: the next
+// holding's Lock must return no sooner than the previous one ended.
+func mpExpiry[F any](t *testing.T, h Harness[F]) {
+	if h.SingleProcess {
+		t.Skip("the store cannot be shared with another process")
+	}
+	const goroutines, rounds = 3, 8
+	name, _, _ := table(t, h, rows(1, "todo"), nil)
+	dir := t.TempDir()
+	var cfgs []childConfig
+	for i := range children {
+		cfgs = append(cfgs, childConfig{Role: "expiry", Table: name, Dir: dir, ID: i, Goroutines: goroutines, Rounds: rounds, Children: children})
+	}
+	results := spawn(t, h, cfgs)
+	var grants []grant
+	for _, r := range results {
+		grants = append(grants, r.Grants...)
+	}
+	if want := children * goroutines * rounds; len(grants) != want {
+		t.Errorf("%d holdings, want %d", len(grants), want)
+	}
+	slices.SortFunc(grants, func(a, b grant) int { return cmp.Compare(a.Token, b.Token) })
+	for i := 1; i < len(grants); i++ {
+		prev, g := grants[i-1], grants[i]
+		if g.Token == prev.Token {
+			t.Errorf("token %d issued twice across processes", g.Token)
+			continue
+		}
+		if g.Returned < prev.End {
+			how := "its deadline"
+			if prev.Released {
+				how = "its release was sent"
+			}
+			t.Errorf("token %d was granted %v before the holding of token %d ended (%s): two live holders",
+				g.Token, time.Duration(prev.End-g.Returned), prev.Token, how)
+		}
+	}
+}
+
+// lockAfter locks id for d, waiting out each holding it meets until the
+// expiry the store reported (a few ms more, spread), as a careful caller
+// would rather than polling. A grant the store answered after its
+// deadline (warden.ErrStoreTooSlow: a slow test server at the shortest
+// duration) was given back; it tries again.
+func lockAfter[F any](ctx context.Context, l *recordlock.Locker[F], id any, d time.Duration) (*recordlock.Lock, error) {
+	for {
+		k, err := l.Lock(ctx, id, d)
+		var le *recordlock.LockedError
+		wait := time.Duration(rand.IntN(3000)) * time.Microsecond
+		switch {
+		case errors.As(err, &le):
+			wait += min(max(time.Until(le.Until), 0), d)
+		case errors.Is(err, warden.ErrStoreTooSlow):
+		default:
+			return k, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(wait):
 		}
 	}
 }

@@ -42,6 +42,7 @@ func Run[F any](t *testing.T, h Harness[F]) {
 		{"Exclusion", exclusion[F]},
 		{"ClaimEachOnce", claimEachOnce[F]},
 		{"MultiProcess/Exclusion", mpExclusion[F]},
+		{"MultiProcess/ExpiryHandover", mpExpiry[F]},
 		{"MultiProcess/ClaimEachOnce", mpClaim[F]},
 	} {
 		t.Run(f.name, func(t *testing.T) { f.fn(t, h) })

@@ -72,12 +72,22 @@ type RecordOptions struct {
 // (int, int8 … int64, uint … uint64 up to math.MaxInt64, and named types
 // of these kinds), []byte, [16]byte (uuid), time.Time, and values that
 // implement database/sql/driver.Valuer (google/uuid, pgtype.UUID,
-// pgtype.Numeric …) whose Value is one of these. A value pgx cannot bind
-// to the column's type (an int64 for a text column, "abc" for a bigint
-// one) is refused by pgx or the server with an error wrapping
-// warden.ErrInvalidArgument. Claim and List return ids as pgx decodes the
+// pgtype.Numeric …) whose Value is one of these. On first use the driver
+// reads the id column's type; from then on an id of the other family is
+// refused before any I/O: for a numeric column (smallint, integer,
+// bigint, numeric) ids are integers, since PostgreSQL would read "01",
+// " 1" or []byte("1") as the row 1; for a string column (text, varchar,
+// char) ids are strings, not integers or []byte. A Valuer is bound as
+// its Value says and not judged so. A value pgx cannot bind to the
+// column's type ("abc" for a uuid) is refused by pgx or the server. Both
+// errors wrap warden.ErrInvalidArgument. Claim and List return ids as pgx decodes the
 // column (string for text, int64 for bigint, int32 for integer,
 // [16]byte for uuid, pgtype.Numeric for numeric); each is accepted back.
+//
+// The first call also checks the table: its id column must exist and be
+// the primary key or alone in a unique index (a lock names one row);
+// a table that is not so is refused with an error saying why, as Migrate
+// refuses it.
 //
 // A record is locked only while its holder is non-empty and its expiry
 // is ahead (driver.RecordLock.Live): a row another program cleared by
@@ -98,9 +108,20 @@ type RecordTable struct {
 	getQ, listQ      string
 
 	checkMu sync.Mutex
-	checked bool // Claim looked for clearedIdx (once the table exists)
-	cleared bool // set when checked: the table has clearedIdx
+	checked bool   // the table was checked (see check)
+	kind    idKind // set when checked: the id column's family
+	cleared bool   // set when checked: the table has clearedIdx
 }
+
+// idKind is the family of the id column's type, which decides the ids
+// the driver takes.
+type idKind int
+
+const (
+	kindAny  idKind = iota // uuid, bytea, timestamps …: what pgx binds
+	kindInt                // numeric types: integers only
+	kindText               // string types: strings only
+)
 
 var _ wdriver.Records[recordlock.SQL] = (*RecordTable)(nil)
 
@@ -621,7 +642,51 @@ var (
 // pointers, floats, bools, maps, other slices and arrays, other structs,
 // and Valuers whose Value is NULL or itself refused.
 func (r *RecordTable) CheckID(id any) error {
-	return checkRecordID(id, 0)
+	if err := checkRecordID(id, 0); err != nil {
+		return err
+	}
+	r.checkMu.Lock()
+	k := r.kind
+	r.checkMu.Unlock()
+	return r.kindOK(k, id)
+}
+
+// kindOK refuses a plain id of the other family than the id column's
+// (see RecordTable). A driver.Valuer is the caller's typed value and is
+// bound as its Value says: it is not judged here.
+func (r *RecordTable) kindOK(k idKind, id any) error {
+	if _, ok := id.(driver.Valuer); ok || k == kindAny {
+		return nil
+	}
+	isInt, isText := false, false
+	switch reflect.TypeOf(id).Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr:
+		isInt = true
+	case reflect.String:
+		isText = true
+	}
+	switch {
+	case k == kindInt && !isInt:
+		return fmt.Errorf("postgres: %s: record id %s (%T): the id column %s is numeric: ids are integers (the server would read a string as a number): %w",
+			r.name, showRecordID(id), id, r.idCol, warden.ErrInvalidArgument)
+	case k == kindText && !isText:
+		return fmt.Errorf("postgres: %s: record id %s (%T): the id column %s holds strings: ids are strings: %w",
+			r.name, showRecordID(id), id, r.idCol, warden.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// ready checks id, and, on first use, the table (see check), and then id
+// against the id column's type.
+func (r *RecordTable) ready(ctx context.Context, id any) error {
+	if err := checkRecordID(id, 0); err != nil {
+		return err
+	}
+	if err := r.check(ctx); err != nil {
+		return err
+	}
+	return r.CheckID(id)
 }
 
 func badID(id any, why string) error {
@@ -780,7 +845,7 @@ func (r *RecordTable) one(ctx context.Context, id any, q string, args []any, des
 // Lock implements driver.Records in one statement: lock the row, read
 // the clock, update it where unlocked, answer the new or current state.
 func (r *RecordTable) Lock(ctx context.Context, id any, owner string, d time.Duration) (rec wdriver.RecordLock, found, acquired bool, err error) {
-	if err := r.CheckID(id); err != nil {
+	if err := r.ready(ctx, id); err != nil {
 		return rec, false, false, err
 	}
 	var row lockRow
@@ -793,7 +858,7 @@ func (r *RecordTable) Lock(ctx context.Context, id any, owner string, d time.Dur
 
 // Extend implements driver.Records in one statement.
 func (r *RecordTable) Extend(ctx context.Context, id any, owner string, token int64, d time.Duration) (rec wdriver.RecordLock, found, ok bool, err error) {
-	if err := r.CheckID(id); err != nil {
+	if err := r.ready(ctx, id); err != nil {
 		return rec, false, false, err
 	}
 	var row lockRow
@@ -806,7 +871,7 @@ func (r *RecordTable) Extend(ctx context.Context, id any, owner string, token in
 
 // Release implements driver.Records in one conditional UPDATE.
 func (r *RecordTable) Release(ctx context.Context, id any, owner string, token int64) (bool, error) {
-	if err := r.CheckID(id); err != nil {
+	if err := r.ready(ctx, id); err != nil {
 		return false, err
 	}
 	var n int64
@@ -821,7 +886,7 @@ func (r *RecordTable) Release(ctx context.Context, id any, owner string, token i
 // ForceRelease implements driver.Records in one statement; a row with
 // nothing to clear is not written.
 func (r *RecordTable) ForceRelease(ctx context.Context, id any) (wdriver.RecordLock, bool, error) {
-	if err := r.CheckID(id); err != nil {
+	if err := r.ready(ctx, id); err != nil {
 		return wdriver.RecordLock{}, false, err
 	}
 	var row lockRow
@@ -834,7 +899,7 @@ func (r *RecordTable) ForceRelease(ctx context.Context, id any) (wdriver.RecordL
 
 // Get implements driver.Records in one SELECT.
 func (r *RecordTable) Get(ctx context.Context, id any) (wdriver.RecordLock, bool, error) {
-	if err := r.CheckID(id); err != nil {
+	if err := r.ready(ctx, id); err != nil {
 		return wdriver.RecordLock{}, false, err
 	}
 	var row lockRow
@@ -880,10 +945,12 @@ func (r *RecordTable) Claim(ctx context.Context, filter recordlock.SQL, owner st
 	args = append(args, filter.Args...)
 	args = append(args, owner, wdriver.Millis(d))
 	var row lockRow
-	cleared, err := r.checkCleared(ctx)
-	if err != nil {
+	if err := r.check(ctx); err != nil {
 		return wdriver.RecordLock{}, false, err
 	}
+	r.checkMu.Lock()
+	cleared := r.cleared
+	r.checkMu.Unlock()
 	found, err := r.one(ctx, nil, r.claimQuery(filter, cleared), args, row.dest()...)
 	if !found || err != nil {
 		return wdriver.RecordLock{}, false, r.tokenLimit(err)
@@ -972,28 +1039,54 @@ func (r *RecordTable) createCleared() string {
 	return `CREATE INDEX IF NOT EXISTS ` + pgx.Identifier{r.clearedIdx}.Sanitize() + ` ON ` + r.qt + ` (` + r.qid + `) WHERE ` + r.clearedPred()
 }
 
-// checkCleared reports whether the table has the partial index of rows
-// cleared by hand, read once (the first Claim; one more round trip) and
-// known from then on, or set by Migrate. While the table does not exist
-// nothing is remembered.
-func (r *RecordTable) checkCleared(ctx context.Context) (bool, error) {
+// check reads, once, what the driver needs to know of the table (one
+// round trip on the first call; remembered once the table exists — while
+// it does not, the statements fail on their own and nothing is
+// remembered): the id column's type family (see RecordTable), that the id
+// column is the primary key or alone in a unique index, and whether the
+// table has the partial index of rows cleared by hand (see claimQuery).
+// A table whose id column is missing or not unique is refused, every
+// call, with an error saying why.
+func (r *RecordTable) check(ctx context.Context) error {
 	r.checkMu.Lock()
 	defer r.checkMu.Unlock()
 	if r.checked {
-		return r.cleared, nil
+		return nil
 	}
-	var table, index bool
+	var (
+		table, column, unique, index bool
+		category, typ                string
+	)
 	err := retry(ctx, func() error {
-		return r.pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL, EXISTS (SELECT FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-WHERE i.indrelid = to_regclass($1) AND c.relname = $2 AND i.indisvalid)`, r.qt, r.clearedIdx).Scan(&table, &index)
+		return r.pool.QueryRow(ctx, `SELECT c.oid IS NOT NULL, a.attnum IS NOT NULL, COALESCE(t.typcategory::text, ''), COALESCE(format_type(a.atttypid, NULL), ''),
+  EXISTS (SELECT FROM pg_index i WHERE i.indrelid = c.oid AND i.indisunique AND i.indisvalid AND i.indnkeyatts = 1
+    AND i.indkey[0] = a.attnum AND i.indpred IS NULL AND i.indexprs IS NULL),
+  EXISTS (SELECT FROM pg_index i JOIN pg_class x ON x.oid = i.indexrelid WHERE i.indrelid = c.oid AND x.relname = $3 AND i.indisvalid)
+FROM (SELECT to_regclass($1) AS oid) c
+LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = $2 AND a.attnum > 0 AND NOT a.attisdropped
+LEFT JOIN pg_type t ON t.oid = a.atttypid`, r.qt, r.idCol, r.clearedIdx).Scan(&table, &column, &category, &typ, &unique, &index)
 	})
 	if err != nil {
-		return false, r.fail(ctx, nil, err)
+		return r.fail(ctx, nil, err)
 	}
-	if table {
-		r.checked, r.cleared = true, index
+	switch {
+	case !table:
+		return nil
+	case !column:
+		return fmt.Errorf("postgres: records: table %s has no id column %q", r.name, r.idCol)
+	case !unique:
+		return fmt.Errorf("postgres: records: the id column %q of %s is neither the primary key nor alone in a unique index: a lock must name one row", r.idCol, r.name)
 	}
-	return index, nil
+	switch category {
+	case "N":
+		r.kind = kindInt
+	case "S":
+		r.kind = kindText
+	default:
+		r.kind = kindAny
+	}
+	r.checked, r.cleared = true, index
+	return nil
 }
 
 func (r *RecordTable) createFree() string {
@@ -1112,7 +1205,7 @@ WHERE i.indrelid = $1::regclass AND i.indisunique AND i.indisvalid AND i.indnkey
 		return fmt.Errorf("postgres: migrate record locks of %s: %w", r.name, err)
 	}
 	r.checkMu.Lock()
-	r.checked, r.cleared = true, true // the index exists now
+	r.checked = false // read the table again on the next call
 	r.checkMu.Unlock()
 	return nil
 }

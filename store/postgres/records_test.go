@@ -574,11 +574,16 @@ func TestRecordsHostileIDs(t *testing.T) {
 		})
 	}
 	// A value of the wrong type for the column: a clear error matching
-	// ErrInvalidArgument that wraps pgx's or the server's.
+	// ErrInvalidArgument — the driver's for a plain string, pgx's or the
+	// server's, wrapped, for a Valuer.
 	_, rt, _ := rlTable(t, "bigint", 1)
 	_, _, _, err := rt.Lock(ctx, "abc", "a", time.Minute)
-	if !errors.Is(err, warden.ErrInvalidArgument) || !strings.Contains(err.Error(), "does not fit column id") {
+	if !errors.Is(err, warden.ErrInvalidArgument) || !strings.Contains(err.Error(), "ids are integers") {
 		t.Errorf("Lock(\"abc\") on a bigint id: %v", err)
+	}
+	_, _, _, err = rt.Lock(ctx, textValuer("abc"), "a", time.Minute)
+	if !errors.Is(err, warden.ErrInvalidArgument) || !strings.Contains(err.Error(), "does not fit column id") {
+		t.Errorf("Lock(textValuer(\"abc\")) on a bigint id: %v", err)
 	}
 	_, rtText, _ := rlTable(t, "text", 1)
 	_, _, err = rtText.Get(ctx, int64(1))
@@ -1358,5 +1363,79 @@ func TestRecordsOptions(t *testing.T) {
 	rec, _, err = bt.Claim(ctx, recordlock.SQL{OrderBy: "id DESC"}, "c", time.Minute)
 	if err != nil || rec.ID != int64(3) {
 		t.Errorf("Claim on bigint: %#v, %v; want int64(3)", rec.ID, err)
+	}
+}
+
+// TestRecordsIDFamily: an id of the other family than the id column's is
+// refused before any write, where PostgreSQL would convert it and lock
+// another row ("01", " 1" and []byte("1") read as the bigint 1; 1 as the
+// text "1"). Integers of any width still reach a bigint row, and a
+// Valuer is bound as its Value says.
+func TestRecordsIDFamily(t *testing.T) {
+	ctx := rlCtx(t)
+	pool, rt, name := rlTable(t, "bigint", 3)
+	for _, id := range []any{"01", " 1", "1", []byte("1"), [16]byte{1}} {
+		if _, _, _, err := rt.Lock(ctx, id, "a", time.Minute); !errors.Is(err, warden.ErrInvalidArgument) {
+			t.Errorf("bigint column: Lock(%#v): %v, want ErrInvalidArgument", id, err)
+		}
+		if err := rt.CheckID(id); !errors.Is(err, warden.ErrInvalidArgument) {
+			t.Errorf("bigint column: CheckID(%#v) after first use: %v, want ErrInvalidArgument", id, err)
+		}
+	}
+	if n := rlCount(t, pool, name, "locked_by IS NOT NULL"); n != 0 {
+		t.Fatalf("%d rows locked by refused ids", n)
+	}
+	for _, id := range []any{int32(1), uint8(2), int64(3)} {
+		if _, found, ok, err := rt.Lock(ctx, id, "a", time.Minute); err != nil || !found || !ok {
+			t.Errorf("bigint column: Lock(%#v) = found %v, acquired %v, %v", id, found, ok, err)
+		}
+	}
+
+	pool, rt, name = rlTable(t, "text", 2)
+	for _, id := range []any{1, int64(1), []byte("rec-000001")} {
+		if _, _, _, err := rt.Lock(ctx, id, "a", time.Minute); !errors.Is(err, warden.ErrInvalidArgument) {
+			t.Errorf("text column: Lock(%#v): %v, want ErrInvalidArgument", id, err)
+		}
+	}
+	if _, found, ok, err := rt.Lock(ctx, textValuer("rec-000001"), "a", time.Minute); err != nil || !found || !ok {
+		t.Errorf("text column: Lock(textValuer) = found %v, acquired %v, %v", found, ok, err)
+	}
+	if n := rlCount(t, pool, name, "locked_by IS NOT NULL"); n != 1 {
+		t.Errorf("%d rows locked, want the one the Valuer named", n)
+	}
+}
+
+// TestRecordsIDNotUnique: a table whose id column is not unique (no
+// primary key, no unique index of its own) is refused on first use, as
+// Migrate refuses it: a lock would name every row with the id.
+func TestRecordsIDNotUnique(t *testing.T) {
+	drivertest.ServerURL(t, "postgres", "WARDEN_TEST_POSTGRES_URL")
+	pool, err := recordsPool()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := rlCtx(t)
+	name := fmt.Sprintf("rlt_nu_%d_%d", time.Now().UnixNano()%1e9, rltSeq.Add(1))
+	q := pgx.Identifier{name}.Sanitize()
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+q+` (id text, k int, locked_until timestamptz(3), locked_by text, lock_token bigint, UNIQUE (id, k));
+INSERT INTO `+q+` (id, k) VALUES ('a', 1), ('a', 2)`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP TABLE IF EXISTS `+q) })
+	rt, err := postgres.Records(pool, name, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // refused every call, not only the first
+		_, _, _, err = rt.Lock(ctx, "a", "x", time.Minute)
+		if err == nil || !strings.Contains(err.Error(), "unique") {
+			t.Errorf("Lock on a non-unique id column: %v, want an error saying it is not unique", err)
+		}
+	}
+	if _, _, err := rt.Claim(ctx, recordlock.SQL{}, "x", time.Minute); err == nil {
+		t.Error("Claim on a non-unique id column: no error")
+	}
+	if n := rlCount(t, pool, name, "locked_by IS NOT NULL"); n != 0 {
+		t.Errorf("%d rows locked", n)
 	}
 }
