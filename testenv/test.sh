@@ -8,6 +8,12 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 command -v go >/dev/null || { echo "test.sh: Go 1.26 or newer is required (https://go.dev/dl)" >&2; exit 1; }
 
+# -trimpath keeps file-system paths out of what is compiled, and so out of
+# the build cache's keys: a fresh clone elsewhere on a machine that ran the
+# tests before reuses the compiled packages instead of building them all
+# again (measured: ~200 CPU-seconds of a run from a new clone path).
+export GOFLAGS="${GOFLAGS:+$GOFLAGS }-trimpath"
+
 eval "$(testenv/up.sh)"
 
 # testenv's own modules are tools (the FerretDB server, the torture run);
