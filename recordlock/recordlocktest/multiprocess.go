@@ -287,18 +287,26 @@ func spawn[F any](t *testing.T, h Harness[F], cfgs []childConfig) []childResult 
 	return results
 }
 
-func mpExclusion[F any](t *testing.T, h Harness[F]) {
+// runRole runs the children in role over a new table of records rows,
+// each child with goroutines Lockers doing rounds rounds, and returns
+// their results. It skips a store that cannot be shared across processes.
+func runRole[F any](t *testing.T, h Harness[F], role string, records, goroutines, rounds int) []childResult {
+	t.Helper()
 	if h.SingleProcess {
 		t.Skip("the store cannot be shared with another process")
 	}
-	const goroutines, rounds = 16, 4
-	name, _, _ := table(t, h, rows(1, "todo"), nil)
+	name, _, _ := table(t, h, rows(records, "todo"), nil)
 	dir := t.TempDir()
 	var cfgs []childConfig
 	for i := range children {
-		cfgs = append(cfgs, childConfig{Role: "exclusion", Table: name, Dir: dir, ID: i, Goroutines: goroutines, Rounds: rounds, Children: children})
+		cfgs = append(cfgs, childConfig{Role: role, Table: name, Dir: dir, ID: i, Goroutines: goroutines, Rounds: rounds, Records: records, Children: children})
 	}
-	results := spawn(t, h, cfgs)
+	return spawn(t, h, cfgs)
+}
+
+func mpExclusion[F any](t *testing.T, h Harness[F]) {
+	const goroutines, rounds = 16, 4
+	results := runRole(t, h, "exclusion", 1, goroutines, rounds)
 	sections, overlaps := 0, 0
 	var tokens []int64
 	for _, r := range results {
@@ -330,17 +338,8 @@ func mpExclusion[F any](t *testing.T, h Harness[F]) {
 // on the host's wall clock, which the processes share: the next
 // holding's Lock must return no sooner than the previous one ended.
 func mpExpiry[F any](t *testing.T, h Harness[F]) {
-	if h.SingleProcess {
-		t.Skip("the store cannot be shared with another process")
-	}
 	const goroutines, rounds = 3, 8
-	name, _, _ := table(t, h, rows(1, "todo"), nil)
-	dir := t.TempDir()
-	var cfgs []childConfig
-	for i := range children {
-		cfgs = append(cfgs, childConfig{Role: "expiry", Table: name, Dir: dir, ID: i, Goroutines: goroutines, Rounds: rounds, Children: children})
-	}
-	results := spawn(t, h, cfgs)
+	results := runRole(t, h, "expiry", 1, goroutines, rounds)
 	var grants []grant
 	for _, r := range results {
 		grants = append(grants, r.Grants...)
@@ -392,17 +391,8 @@ func lockAfter[F any](ctx context.Context, l *recordlock.Locker[F], id any, d ti
 }
 
 func mpClaim[F any](t *testing.T, h Harness[F]) {
-	if h.SingleProcess {
-		t.Skip("the store cannot be shared with another process")
-	}
 	const n, goroutines = 1000, 4
-	name, _, _ := table(t, h, rows(n, "todo"), nil)
-	dir := t.TempDir()
-	var cfgs []childConfig
-	for i := range children {
-		cfgs = append(cfgs, childConfig{Role: "claim", Table: name, Dir: dir, ID: i, Goroutines: goroutines, Records: n, Children: children})
-	}
-	results := spawn(t, h, cfgs)
+	results := runRole(t, h, "claim", n, goroutines, 0)
 	got := map[string]int{}
 	for i, r := range results {
 		if len(r.Claimed) == 0 {
