@@ -16,6 +16,7 @@ import (
 	mysqldrv "github.com/go-sql-driver/mysql"
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
+	"github.com/warden-go/warden/internal/sqlfilter"
 	"github.com/warden-go/warden/recordlock"
 )
 
@@ -697,28 +698,15 @@ func (t *RecordTable) tokenLimit(id any, token int64) error {
 // OrderBy none (it is also placed in the statement that orders two
 // candidates by their ids), and no Arg may be a sql.NamedArg (the driver
 // has no named parameters).
-func checkFilter(f recordlock.SQL) error {
-	n, err := mysqlParams(f.Where, true)
-	if err != nil {
-		return fmt.Errorf("mysql: Claim's filter: Where: %v: %w", err, warden.ErrInvalidArgument)
-	}
-	m, err := mysqlParams(f.OrderBy, false)
-	if err != nil {
-		return fmt.Errorf("mysql: Claim's filter: OrderBy: %v: %w", err, warden.ErrInvalidArgument)
-	}
-	if m > 0 {
-		return fmt.Errorf("mysql: Claim's filter: OrderBy has %d ? placeholders: OrderBy takes none (it is also placed in the statement that orders two candidates by id): %w", m, warden.ErrInvalidArgument)
-	}
-	if n != len(f.Args) {
-		return fmt.Errorf("mysql: Claim's filter: Where has %d ? placeholders and there are %d Args: they must be as many: %w", n, len(f.Args), warden.ErrInvalidArgument)
-	}
-	for i, a := range f.Args {
-		switch a.(type) {
-		case sql.NamedArg, *sql.NamedArg:
-			return fmt.Errorf("mysql: Claim's filter: Args[%d] is a sql.NamedArg: go-sql-driver has no named parameters; use ?: %w", i, warden.ErrInvalidArgument)
-		}
-	}
-	return nil
+func checkFilter(f recordlock.SQL) error { return filterRules.Check(f) }
+
+// filterRules is how the store reads a Claim filter (see checkFilter).
+var filterRules = sqlfilter.Store{
+	Name:       "mysql",
+	Count:      mysqlParams,
+	OrderByWhy: "it is also placed in the statement that orders two candidates by id",
+	CountWhy:   "an extra ? would bind one of the driver's own parameters",
+	NamedWhy:   "go-sql-driver has no named parameters",
 }
 
 // mysqlParams counts the ? placeholders of an SQL fragment of the

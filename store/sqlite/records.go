@@ -17,6 +17,7 @@ import (
 
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
+	"github.com/warden-go/warden/internal/sqlfilter"
 	"github.com/warden-go/warden/recordlock"
 )
 
@@ -542,28 +543,15 @@ func (t *RecordTable) Claim(ctx context.Context, filter recordlock.SQL, owner st
 // — and a sql.NamedArg called now, until or owner would replace one. So
 // Where may use only ?, exactly len(Args) of them, OrderBy none, and no
 // Arg may be a sql.NamedArg.
-func checkFilter(f recordlock.SQL) error {
-	n, err := sqlParams(f.Where, true)
-	if err != nil {
-		return fmt.Errorf("sqlite: Claim's filter: Where: %v: %w", err, warden.ErrInvalidArgument)
-	}
-	m, err := sqlParams(f.OrderBy, false)
-	if err != nil {
-		return fmt.Errorf("sqlite: Claim's filter: OrderBy: %v: %w", err, warden.ErrInvalidArgument)
-	}
-	if m > 0 {
-		return fmt.Errorf("sqlite: Claim's filter: OrderBy has %d ? placeholders: OrderBy takes none (its placeholders would bind the Args meant for Where, or the driver's own parameters): %w", m, warden.ErrInvalidArgument)
-	}
-	if n != len(f.Args) {
-		return fmt.Errorf("sqlite: Claim's filter: Where has %d ? placeholders and there are %d Args: they must be as many (an extra ? would bind one of the driver's own parameters): %w", n, len(f.Args), warden.ErrInvalidArgument)
-	}
-	for i, a := range f.Args {
-		switch a.(type) {
-		case sql.NamedArg, *sql.NamedArg:
-			return fmt.Errorf("sqlite: Claim's filter: Args[%d] is a sql.NamedArg: named parameters are refused (the driver's own are named, and a name of the filter's would replace them); use ?: %w", i, warden.ErrInvalidArgument)
-		}
-	}
-	return nil
+func checkFilter(f recordlock.SQL) error { return filterRules.Check(f) }
+
+// filterRules is how the store reads a Claim filter (see checkFilter).
+var filterRules = sqlfilter.Store{
+	Name:       "sqlite",
+	Count:      sqlParams,
+	OrderByWhy: "its placeholders would bind the Args meant for Where, or the driver's own parameters",
+	CountWhy:   "an extra ? would bind one of the driver's own parameters",
+	NamedWhy:   "named parameters are refused (the driver's own are named, and a name of the filter's would replace them)",
 }
 
 // sqlParams reads an SQL fragment of the program's as SQLite's tokenizer
