@@ -8,10 +8,12 @@
 package testkit
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -183,4 +185,59 @@ func Leaked(within time.Duration, leaks func(stack string) bool) string {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// FairResult is what one child process of a cross-process fairness check
+// reports: how many acquisitions each of its workers counted, and the
+// (count, fencing token) of each, where count is the value of a counter
+// shared by all processes that the holder increments inside its holding.
+type FairResult struct {
+	Counts []int
+	Turns  [][2]int64
+	Err    string
+}
+
+// CheckFair checks the results of a fairness check's children (workers
+// each) against the total acquisitions they were to make: the counts add
+// up to total, and, in counter order, no two holdings saw one count and
+// tokens only grow (else two holders overlapped). It logs the
+// acquisitions per worker and reports whether the hand-off was fair:
+// the least served worker got at least half as many as the most served.
+func CheckFair(t testing.TB, results []FairResult, workers, total int) bool {
+	t.Helper()
+	var counts []int
+	var turns [][2]int64
+	for i, r := range results {
+		if r.Err != "" {
+			t.Errorf("child %d: %s", i, r.Err)
+		}
+		counts = append(counts, r.Counts...)
+		turns = append(turns, r.Turns...)
+	}
+	if len(counts) == 0 {
+		t.Error("no worker reported")
+		return false
+	}
+	sum := 0
+	for _, c := range counts {
+		sum += c
+	}
+	lo, hi := slices.Min(counts), slices.Max(counts)
+	t.Logf("%d processes × %d workers, %d acquisitions: per worker %v (min/max %.2f)", len(results), workers, sum, counts, float64(lo)/float64(max(hi, 1)))
+	if sum != total {
+		t.Errorf("%d acquisitions counted, want %d", sum, total)
+	}
+	fair := float64(lo) >= 0.5*float64(hi)
+	if !fair {
+		t.Logf("unfair hand-off: a worker got %d acquisitions, another %d", lo, hi)
+	}
+	slices.SortFunc(turns, func(a, b [2]int64) int { return cmp.Compare(a[0], b[0]) })
+	for i := 1; i < len(turns); i++ {
+		if turns[i][0] == turns[i-1][0] || turns[i][1] <= turns[i-1][1] {
+			t.Errorf("holdings overlap or tokens go backwards: count %d token %d, then count %d token %d",
+				turns[i-1][0], turns[i-1][1], turns[i][0], turns[i][1])
+			break
+		}
+	}
+	return fair
 }

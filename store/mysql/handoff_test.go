@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,6 +19,7 @@ import (
 	mysqldrv "github.com/go-sql-driver/mysql"
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
+	"github.com/warden-go/warden/internal/testkit"
 	"github.com/warden-go/warden/lock"
 	"github.com/warden-go/warden/store/mysql"
 )
@@ -46,11 +46,7 @@ type handoffChild struct {
 }
 
 // fairResult is what a fair child reports.
-type fairResult struct {
-	Counts []int      // acquisitions counted, per worker
-	Turns  [][2]int64 // (count, token) of every counted acquisition
-	Err    string
-}
+type fairResult = testkit.FairResult
 
 func init() {
 	// The child processes run the same binary; they never reach the tests.
@@ -362,8 +358,7 @@ func handoffFairRun(t *testing.T, attempt int) bool {
 	if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	var counts []int
-	var turns [][2]int64
+	var results []testkit.FairResult
 	for i, cmd := range cmds {
 		if err := cmd.Wait(); err != nil {
 			t.Fatalf("child %d: %v", i, err)
@@ -376,34 +371,9 @@ func handoffFairRun(t *testing.T, attempt int) bool {
 		if err := json.Unmarshal(b, &r); err != nil {
 			t.Fatal(err)
 		}
-		if r.Err != "" {
-			t.Errorf("child %d: %s", i, r.Err)
-		}
-		counts = append(counts, r.Counts...)
-		turns = append(turns, r.Turns...)
+		results = append(results, r)
 	}
-	sum := 0
-	for _, c := range counts {
-		sum += c
-	}
-	lo, hi := slices.Min(counts), slices.Max(counts)
-	t.Logf("%d processes × %d workers, %d acquisitions: per worker %v (min/max %.2f)", procs, workers, sum, counts, float64(lo)/float64(hi))
-	if sum != total {
-		t.Errorf("%d acquisitions counted, want %d", sum, total)
-	}
-	fair := float64(lo) >= 0.5*float64(hi)
-	if !fair {
-		t.Logf("unfair hand-off: a worker got %d acquisitions, another %d", lo, hi)
-	}
-	slices.SortFunc(turns, func(a, b [2]int64) int { return int(a[0] - b[0]) })
-	for i := 1; i < len(turns); i++ {
-		if turns[i][0] == turns[i-1][0] || turns[i][1] <= turns[i-1][1] {
-			t.Errorf("holdings overlap or tokens go backwards: count %d token %d, then count %d token %d",
-				turns[i-1][0], turns[i-1][1], turns[i][0], turns[i][1])
-			break
-		}
-	}
-	return fair
+	return testkit.CheckFair(t, results, workers, total)
 }
 
 // TestHandoffWaiterWokenWithoutPolling: a waiter whose back-off is 5 ms

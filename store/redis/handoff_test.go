@@ -19,6 +19,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
+	"github.com/warden-go/warden/internal/testkit"
 	"github.com/warden-go/warden/lock"
 	"github.com/warden-go/warden/store/redis"
 )
@@ -45,11 +46,7 @@ type handoffChild struct {
 }
 
 // fairResult is what a fair child reports.
-type fairResult struct {
-	Counts []int      // acquisitions counted, per worker
-	Turns  [][2]int64 // (count, token) of every counted acquisition
-	Err    string
-}
+type fairResult = testkit.FairResult
 
 func init() {
 	// The child processes run the same binary; they never reach the tests.
@@ -354,8 +351,7 @@ func handoffFairRun(t *testing.T, srv handoffServer, attempt int) bool {
 			t.Fatal(err)
 		}
 	}
-	var counts []int
-	var turns [][2]int64
+	var results []testkit.FairResult
 	for i, c := range children {
 		line := readLine(t, c.out)
 		if err := c.cmd.Wait(); err != nil {
@@ -365,34 +361,9 @@ func handoffFairRun(t *testing.T, srv handoffServer, attempt int) bool {
 		if err := json.Unmarshal([]byte(line), &r); err != nil {
 			t.Fatalf("child %d: %v (%q)", i, err, line)
 		}
-		if r.Err != "" {
-			t.Errorf("child %d: %s", i, r.Err)
-		}
-		counts = append(counts, r.Counts...)
-		turns = append(turns, r.Turns...)
+		results = append(results, r)
 	}
-	sum := 0
-	for _, c := range counts {
-		sum += c
-	}
-	lo, hi := slices.Min(counts), slices.Max(counts)
-	t.Logf("%d processes × %d workers, %d acquisitions: per worker %v (min/max %.2f)", procs, workers, sum, counts, float64(lo)/float64(hi))
-	if sum != total {
-		t.Errorf("%d acquisitions counted, want %d", sum, total)
-	}
-	fair := float64(lo) >= 0.5*float64(hi)
-	if !fair {
-		t.Logf("unfair hand-off: a worker got %d acquisitions, another %d", lo, hi)
-	}
-	slices.SortFunc(turns, func(a, b [2]int64) int { return int(a[0] - b[0]) })
-	for i := 1; i < len(turns); i++ {
-		if turns[i][0] == turns[i-1][0] || turns[i][1] <= turns[i-1][1] {
-			t.Errorf("holdings overlap or tokens go backwards: count %d token %d, then count %d token %d",
-				turns[i-1][0], turns[i-1][1], turns[i][0], turns[i][1])
-			break
-		}
-	}
-	return fair
+	return testkit.CheckFair(t, results, workers, total)
 }
 
 // TestHandoffReleaserDoesNotBarge: a holder releases while a waiter of

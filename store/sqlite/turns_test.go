@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
+	"github.com/warden-go/warden/internal/testkit"
 	"github.com/warden-go/warden/lock"
 )
 
@@ -26,11 +26,7 @@ import (
 // decides who holds the lock.
 
 // fairResult is what a "fair" child reports.
-type fairResult struct {
-	Counts []int      // acquisitions counted, per worker
-	Turns  [][2]int64 // (counter, token) of every counted acquisition
-	Err    string
-}
+type fairResult = testkit.FairResult
 
 // counterDB opens a plain handle on the shared file for the counter the
 // holders bump, with a busy timeout of its own.
@@ -191,8 +187,7 @@ func turnsFairRun(t *testing.T) bool {
 	if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	var counts []int
-	var turns [][2]int64
+	var results []testkit.FairResult
 	for i, cmd := range cmds {
 		if err := cmd.Wait(); err != nil {
 			t.Fatalf("child %d: %v", i, err)
@@ -205,30 +200,9 @@ func turnsFairRun(t *testing.T) bool {
 		if err := json.Unmarshal(b, &r); err != nil {
 			t.Fatal(err)
 		}
-		if r.Err != "" {
-			t.Errorf("child %d: %s", i, r.Err)
-		}
-		counts = append(counts, r.Counts...)
-		turns = append(turns, r.Turns...)
+		results = append(results, r)
 	}
-	sum := 0
-	for _, c := range counts {
-		sum += c
-	}
-	lo, hi := slices.Min(counts), slices.Max(counts)
-	t.Logf("%d processes × %d workers, %d acquisitions: per worker %v (min/max %.2f)", procs, workers, sum, counts, float64(lo)/float64(hi))
-	if sum != total {
-		t.Errorf("%d acquisitions counted, want %d", sum, total)
-	}
-	slices.SortFunc(turns, func(a, b [2]int64) int { return int(a[0] - b[0]) })
-	for i := 1; i < len(turns); i++ {
-		if turns[i][0] == turns[i-1][0] || turns[i][1] <= turns[i-1][1] {
-			t.Errorf("holdings overlap or tokens go backwards: count %d token %d, then count %d token %d",
-				turns[i-1][0], turns[i-1][1], turns[i][0], turns[i][1])
-			break
-		}
-	}
-	return float64(lo) >= 0.5*float64(hi)
+	return testkit.CheckFair(t, results, workers, total)
 }
 
 // pollUntil polls cond (the file's state) until it holds; the test fails
