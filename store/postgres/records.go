@@ -254,7 +254,7 @@ SELECT false, warden_id, warden_by, warden_until, warden_token, ` + N + ` FROM w
 	// empty string another program may write), no expiry, or an expiry
 	// passed — the complement of RecordLock.Live.
 	r.lockQ = `WITH ` + cur + `,
-  warden_new AS (UPDATE ` + T + ` SET ` + B + ` = $2::text, ` + U + ` = ` + N + ` + $3::bigint * interval '1 millisecond', ` + K + ` = ` + r.nextToken() + `
+  warden_new AS (UPDATE ` + T + ` SET ` + B + ` = $2::text, ` + U + ` = ` + N + ` + $3::bigint * interval '1 millisecond', ` + K + ` = ` + r.nextToken(`SELECT count(*) FROM warden_cur`) + `
     FROM warden_cur WHERE ` + T + `.` + I + ` = warden_cur.warden_id
       AND (` + T + `.` + B + ` IS NULL OR ` + T + `.` + B + ` = '' OR ` + T + `.` + U + ` IS NULL OR ` + T + `.` + U + ` <= ` + N + `)
     ` + ret + `)
@@ -267,17 +267,20 @@ SELECT false, warden_id, warden_by, warden_until, warden_token, ` + N + ` FROM w
   warden_new AS (UPDATE ` + T + ` SET ` + U + ` = GREATEST(` + T + `.` + U + `, ` + N + ` + $4::bigint * interval '1 millisecond')
     FROM warden_cur WHERE ` + T + `.` + I + ` = warden_cur.warden_id
       AND ` + T + `.` + B + ` = $2::text AND ` + T + `.` + K + ` = $3::bigint AND ` + T + `.` + U + ` > ` + N + `
+      AND (SELECT count(*) FROM warden_cur) = 1
     ` + ret + `)
 ` + answer
 
 	// $1 id, $2 owner, $3 token. Expired or not; the token stays.
-	r.releaseQ = `UPDATE ` + T + ` SET ` + B + ` = NULL, ` + U + ` = NULL WHERE ` + I + ` = $1 AND ` + B + ` = $2::text AND ` + K + ` = $3::bigint`
+	r.releaseQ = `UPDATE ` + T + ` SET ` + B + ` = NULL, ` + U + ` = NULL WHERE ` + I + ` = $1 AND ` + B + ` = $2::text AND ` + K + ` = $3::bigint
+  AND (SELECT count(*) FROM ` + T + ` warden_dup WHERE warden_dup.` + I + ` = $1) = 1`
 
 	// $1 id. Writes only when there is something to clear; answers the
 	// state it found.
 	r.forceQ = `WITH ` + cur + `,
   warden_new AS (UPDATE ` + T + ` SET ` + B + ` = NULL, ` + U + ` = NULL
     FROM warden_cur WHERE ` + T + `.` + I + ` = warden_cur.warden_id AND (` + T + `.` + B + ` IS NOT NULL OR ` + T + `.` + U + ` IS NOT NULL)
+      AND (SELECT count(*) FROM warden_cur) = 1
     RETURNING 1)
 SELECT warden_id, warden_by, warden_until, warden_token, ` + N + ` FROM warden_cur`
 
@@ -299,15 +302,27 @@ WHERE ` + B + ` IS NOT NULL AND ` + B + ` <> '' AND ` + U + ` > ` + N + ` ORDER 
 // row's id: the text does not convert to bigint, and the server's message
 // quotes it (it depends on the row, so the planner cannot evaluate it
 // ahead of the branch).
-func (r *RecordTable) nextToken() string {
+//
+// rows is an SQL expression counting the rows that have the record's id:
+// anything but 1 fails the statement the same way, with an error that
+// carries duplicateIDMark — a lock must name one row, and a table whose
+// id column stopped being unique (a dropped constraint, an inheritance
+// child, a unique index with another collation than the column's) could
+// otherwise lock two rows, or hand one id to two holders.
+func (r *RecordTable) nextToken(rows string) string {
 	T, I, K := r.qt, r.qid, r.qk
 	tok := `COALESCE(` + T + `.` + K + `, 0)`
-	return `CASE WHEN ` + tok + ` < CASE pg_typeof(` + T + `.` + K + `) WHEN 'smallint'::regtype THEN 32767 WHEN 'integer'::regtype THEN 2147483647 ELSE 9223372036854775807 END
+	return `CASE WHEN (` + rows + `) <> 1 THEN ('` + duplicateIDMark + `' || ` + T + `.` + I + `::text)::bigint
+    WHEN ` + tok + ` < CASE pg_typeof(` + T + `.` + K + `) WHEN 'smallint'::regtype THEN 32767 WHEN 'integer'::regtype THEN 2147483647 ELSE 9223372036854775807 END
     THEN ` + tok + ` + 1 ELSE ('` + tokenLimitMark + `' || ` + T + `.` + I + `::text)::bigint END`
 }
 
-// tokenLimitMark starts the text whose conversion fails in nextToken.
-const tokenLimitMark = "warden-token-limit:"
+// tokenLimitMark and duplicateIDMark start the texts whose conversion
+// fails in nextToken.
+const (
+	tokenLimitMark  = "warden-token-limit:"
+	duplicateIDMark = "warden-duplicate-id:"
+)
 
 // tokenLimit turns the error nextToken raises into a clear one, naming
 // the record; other errors pass.
@@ -316,12 +331,18 @@ func (r *RecordTable) tokenLimit(err error) error {
 	if !errors.As(err, &pe) || pe.Code != "22P02" {
 		return err
 	}
+	// The message quotes the text: "…" in English, other marks in other
+	// languages (lc_messages).
+	if i := strings.Index(pe.Message, duplicateIDMark); i >= 0 {
+		id := strings.TrimRight(pe.Message[i+len(duplicateIDMark):], `"'»«”“„›‹」`)
+		r.recheck()
+		return fmt.Errorf("postgres: %s: record %s: several rows have this id: the id column %s is not unique (make it the primary key or give it a unique index of its own, with the column's collation; an inheritance child's rows count too), so the record cannot be locked (nothing was written)",
+			r.name, cut(id), r.idCol)
+	}
 	i := strings.Index(pe.Message, tokenLimitMark)
 	if i < 0 {
 		return err
 	}
-	// The message quotes the text: "…" in English, other marks in other
-	// languages (lc_messages).
 	id := strings.TrimRight(pe.Message[i+len(tokenLimitMark):], `"'»«”“„›‹」`)
 	return fmt.Errorf("postgres: %s: record %s: its token column %s is at the largest value of its type: no greater fencing token can be issued, so the record cannot be locked until the column is reset or widened to bigint (nothing was written)",
 		r.name, cut(id), r.tokenCol)
@@ -397,7 +418,7 @@ warden_lapsed AS MATERIALIZED (SELECT ` + I + ` AS warden_id FROM ` + T + ` WHER
 ` + orderBy + `LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED),
 ` + third + `warden_pick AS MATERIALIZED (SELECT ` + I + ` AS warden_id FROM ` + T + ` WHERE ` + I + ` IN (SELECT warden_id FROM warden_free UNION ALL SELECT warden_id FROM warden_lapsed` + thirdID + `)
 ` + orderBy + `LIMIT 1)
-UPDATE ` + T + ` SET ` + B + ` = $` + strconv.Itoa(n+1) + `::text, ` + U + ` = ` + N + ` + $` + strconv.Itoa(n+2) + `::bigint * interval '1 millisecond', ` + K + ` = ` + r.nextToken() + `
+UPDATE ` + T + ` SET ` + B + ` = $` + strconv.Itoa(n+1) + `::text, ` + U + ` = ` + N + ` + $` + strconv.Itoa(n+2) + `::bigint * interval '1 millisecond', ` + K + ` = ` + r.nextToken(`SELECT count(*) FROM `+T+` warden_dup WHERE warden_dup.`+I+` = warden_pick.warden_id`) + `
 FROM warden_pick WHERE ` + T + `.` + I + ` = warden_pick.warden_id AND (` + free + `)
 RETURNING ` + T + `.` + I + `, ` + T + `.` + B + `, ` + T + `.` + U + `, ` + T + `.` + K + `, ` + N + `
 `
@@ -678,15 +699,46 @@ func (r *RecordTable) kindOK(k idKind, id any) error {
 }
 
 // ready checks id, and, on first use, the table (see check), and then id
-// against the id column's type.
-func (r *RecordTable) ready(ctx context.Context, id any) error {
+// against the id column's type. It returns the value to bind (see bound).
+func (r *RecordTable) ready(ctx context.Context, id any) (any, error) {
 	if err := checkRecordID(id, 0); err != nil {
-		return err
+		return nil, err
 	}
 	if err := r.check(ctx); err != nil {
-		return err
+		return nil, err
 	}
-	return r.CheckID(id)
+	if err := r.CheckID(id); err != nil {
+		return nil, err
+	}
+	return bound(id), nil
+}
+
+// bound is the value bound for an id that CheckID accepted: a Valuer's
+// Value, and a value of a named integer or string type as the plain
+// int64, uint64 or string it holds — pgx would otherwise bind through
+// the type's own encoding methods (Int64Value, TextValue …), which may
+// name another value than the one CheckID judged. Other ids ([]byte,
+// [16]byte, time.Time) are bound as they are.
+func bound(id any) any {
+	if v, ok := id.(driver.Valuer); ok {
+		val, _ := callValue(v) // CheckID called it without error
+		return val
+	}
+	switch v := reflect.ValueOf(id); v.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return v.Int()
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr:
+		return int64(v.Uint()) // CheckID refused values above math.MaxInt64
+	case reflect.String:
+		return v.String()
+	case reflect.Slice:
+		return v.Bytes()
+	case reflect.Array: // [16]byte, a uuid
+		var u [16]byte
+		reflect.Copy(reflect.ValueOf(&u).Elem(), v)
+		return u
+	}
+	return id
 }
 
 func badID(id any, why string) error {
@@ -785,6 +837,12 @@ func (r *RecordTable) fail(ctx context.Context, id any, err error) error {
 		return e
 	}
 	var pe *pgconn.PgError
+	if errors.As(err, &pe) && (strings.HasPrefix(pe.Code, "42") || pe.Code == "0A000") {
+		// An undefined column or operator, a plan whose types changed: the
+		// table is not what the first call read; the next call reads it
+		// again.
+		r.recheck()
+	}
 	if errors.As(err, &pe) && strings.HasPrefix(pe.Code, "22") || strings.Contains(err.Error(), "failed to encode args[") {
 		if id != nil {
 			return &unfitError{fmt.Sprintf("postgres: %s: record id %s (%T) does not fit column %s: %v: %s", r.name, showRecordID(id), id, r.idCol, warden.ErrInvalidArgument, cut(err.Error())), err}
@@ -845,11 +903,12 @@ func (r *RecordTable) one(ctx context.Context, id any, q string, args []any, des
 // Lock implements driver.Records in one statement: lock the row, read
 // the clock, update it where unlocked, answer the new or current state.
 func (r *RecordTable) Lock(ctx context.Context, id any, owner string, d time.Duration) (rec wdriver.RecordLock, found, acquired bool, err error) {
-	if err := r.ready(ctx, id); err != nil {
+	arg, err := r.ready(ctx, id)
+	if err != nil {
 		return rec, false, false, err
 	}
 	var row lockRow
-	found, err = r.one(ctx, id, r.lockQ, []any{id, owner, wdriver.Millis(d)}, append([]any{&acquired}, row.dest()...)...)
+	found, err = r.one(ctx, id, r.lockQ, []any{arg, owner, wdriver.Millis(d)}, append([]any{&acquired}, row.dest()...)...)
 	if !found || err != nil {
 		return rec, false, false, r.tokenLimit(err)
 	}
@@ -858,11 +917,12 @@ func (r *RecordTable) Lock(ctx context.Context, id any, owner string, d time.Dur
 
 // Extend implements driver.Records in one statement.
 func (r *RecordTable) Extend(ctx context.Context, id any, owner string, token int64, d time.Duration) (rec wdriver.RecordLock, found, ok bool, err error) {
-	if err := r.ready(ctx, id); err != nil {
+	arg, err := r.ready(ctx, id)
+	if err != nil {
 		return rec, false, false, err
 	}
 	var row lockRow
-	found, err = r.one(ctx, id, r.extendQ, []any{id, owner, token, wdriver.Millis(d)}, append([]any{&ok}, row.dest()...)...)
+	found, err = r.one(ctx, id, r.extendQ, []any{arg, owner, token, wdriver.Millis(d)}, append([]any{&ok}, row.dest()...)...)
 	if !found || err != nil {
 		return rec, false, false, err
 	}
@@ -871,12 +931,13 @@ func (r *RecordTable) Extend(ctx context.Context, id any, owner string, token in
 
 // Release implements driver.Records in one conditional UPDATE.
 func (r *RecordTable) Release(ctx context.Context, id any, owner string, token int64) (bool, error) {
-	if err := r.ready(ctx, id); err != nil {
+	arg, err := r.ready(ctx, id)
+	if err != nil {
 		return false, err
 	}
 	var n int64
-	err := retry(ctx, func() error {
-		tag, err := r.pool.Exec(ctx, r.releaseQ, id, owner, token)
+	err = retry(ctx, func() error {
+		tag, err := r.pool.Exec(ctx, r.releaseQ, arg, owner, token)
 		n = tag.RowsAffected()
 		return err
 	})
@@ -886,11 +947,12 @@ func (r *RecordTable) Release(ctx context.Context, id any, owner string, token i
 // ForceRelease implements driver.Records in one statement; a row with
 // nothing to clear is not written.
 func (r *RecordTable) ForceRelease(ctx context.Context, id any) (wdriver.RecordLock, bool, error) {
-	if err := r.ready(ctx, id); err != nil {
+	arg, err := r.ready(ctx, id)
+	if err != nil {
 		return wdriver.RecordLock{}, false, err
 	}
 	var row lockRow
-	found, err := r.one(ctx, id, r.forceQ, []any{id}, row.dest()...)
+	found, err := r.one(ctx, id, r.forceQ, []any{arg}, row.dest()...)
 	if !found || err != nil {
 		return wdriver.RecordLock{}, false, err
 	}
@@ -899,11 +961,12 @@ func (r *RecordTable) ForceRelease(ctx context.Context, id any) (wdriver.RecordL
 
 // Get implements driver.Records in one SELECT.
 func (r *RecordTable) Get(ctx context.Context, id any) (wdriver.RecordLock, bool, error) {
-	if err := r.ready(ctx, id); err != nil {
+	arg, err := r.ready(ctx, id)
+	if err != nil {
 		return wdriver.RecordLock{}, false, err
 	}
 	var row lockRow
-	found, err := r.one(ctx, id, r.getQ, []any{id}, row.dest()...)
+	found, err := r.one(ctx, id, r.getQ, []any{arg}, row.dest()...)
 	if !found || err != nil {
 		return wdriver.RecordLock{}, false, err
 	}
@@ -1037,6 +1100,13 @@ func (r *RecordTable) clearedPred() string {
 
 func (r *RecordTable) createCleared() string {
 	return `CREATE INDEX IF NOT EXISTS ` + pgx.Identifier{r.clearedIdx}.Sanitize() + ` ON ` + r.qt + ` (` + r.qid + `) WHERE ` + r.clearedPred()
+}
+
+// recheck makes the next call read the table again (see check).
+func (r *RecordTable) recheck() {
+	r.checkMu.Lock()
+	r.checked = false
+	r.checkMu.Unlock()
 }
 
 // check reads, once, what the driver needs to know of the table (one

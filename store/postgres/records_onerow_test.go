@@ -1,0 +1,208 @@
+package postgres_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/warden-go/warden/drivertest"
+	"github.com/warden-go/warden/recordlock"
+	"github.com/warden-go/warden/store/postgres"
+)
+
+// The tests of this file hold a record lock to naming one row, whatever
+// the table became after the driver first read it: an adversarial review
+// locked two rows with one Lock, and gave one record to two holders,
+// through tables whose id column had stopped being unique.
+
+const rlLockCols = `, locked_until timestamptz(3), locked_by text, lock_token bigint`
+
+// rawTables makes tables named after the test (name_1, name_2 … in the
+// order of stmts' %[n]s) and drops them, children first, when it ends.
+func rawTables(t *testing.T, n int, stmts string) (*pgxpool.Pool, []string) {
+	t.Helper()
+	drivertest.ServerURL(t, "postgres", "WARDEN_TEST_POSTGRES_URL")
+	pool, err := recordsPool()
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := fmt.Sprintf("rlt_one_%d_%d", time.Now().UnixNano()%1e9, rltSeq.Add(1))
+	var names []any
+	var plain []string
+	for i := range n {
+		names = append(names, pgx.Identifier{fmt.Sprintf("%s_%d", base, i+1)}.Sanitize())
+		plain = append(plain, fmt.Sprintf("%s_%d", base, i+1))
+	}
+	t.Cleanup(func() {
+		for i := n - 1; i >= 0; i-- {
+			_, _ = pool.Exec(context.Background(), `DROP TABLE IF EXISTS `+names[i].(string)+` CASCADE`)
+		}
+	})
+	if _, err := pool.Exec(context.Background(), fmt.Sprintf(stmts, names...)); err != nil {
+		t.Fatal(err)
+	}
+	return pool, plain
+}
+
+func oneRowLocker(t *testing.T, pool *pgxpool.Pool, table string) *recordlock.Locker[recordlock.SQL] {
+	t.Helper()
+	rt, err := postgres.Records(pool, table, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := recordlock.New(rt, &recordlock.Options{NoAutoExtend: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// wantSeveralRows checks that err says the id names several rows (or,
+// once the driver read the table again, that its id column is not
+// unique).
+func wantSeveralRows(t *testing.T, what string, err error) {
+	t.Helper()
+	if err == nil || !strings.Contains(err.Error(), "several rows have this id") && !strings.Contains(err.Error(), "neither the primary key nor alone in a unique index") {
+		t.Errorf("%s: %v, want an error saying several rows have the id", what, err)
+	}
+}
+
+// TestRecordsInheritanceChildSharesID: a row with the id of a held record
+// appears in an inheritance child (SELECT and UPDATE on the parent read
+// the children too). Another Locker's Lock must not take it: that would
+// be two holders of one record. Claim and Lock fail saying why, and write
+// nothing.
+func TestRecordsInheritanceChildSharesID(t *testing.T) {
+	pool, tb := rawTables(t, 2, `CREATE TABLE %[1]s (id bigint PRIMARY KEY, status text NOT NULL DEFAULT 'todo'`+rlLockCols+`);
+CREATE TABLE %[2]s () INHERITS (%[1]s);
+INSERT INTO %[1]s (id) VALUES (1)`)
+	ctx := rlCtx(t)
+	a, b := oneRowLocker(t, pool, tb[0]), oneRowLocker(t, pool, tb[0])
+	held, err := a.Lock(ctx, 1, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO `+pgx.Identifier{tb[1]}.Sanitize()+` (id) VALUES (1)`); err != nil {
+		t.Fatal(err)
+	}
+	if k, err := b.Lock(ctx, 1, 5*time.Second); err == nil {
+		t.Errorf("a second Locker got record 1 (token %d) while token %d holds it", k.Token(), held.Token())
+	} else {
+		wantSeveralRows(t, "Lock", err)
+	}
+	_, err = b.Claim(ctx, recordlock.SQL{Where: "status = $1", Args: []any{"todo"}}, 5*time.Second)
+	wantSeveralRows(t, "Claim", err)
+	if n := rlCount(t, pool, tb[1], "locked_by IS NOT NULL"); n != 0 {
+		t.Errorf("the child's row was locked")
+	}
+}
+
+// TestRecordsUniqueDroppedAfterFirstUse: the table lost its primary key
+// after the driver read it, and two rows now share an id. Lock, Claim
+// and ForceRelease of that id change neither row.
+func TestRecordsUniqueDroppedAfterFirstUse(t *testing.T) {
+	pool, tb := rawTables(t, 1, `CREATE TABLE %[1]s (id bigint CONSTRAINT rlt_one_pk PRIMARY KEY, status text NOT NULL DEFAULT 'todo'`+rlLockCols+`);
+INSERT INTO %[1]s (id) VALUES (1)`)
+	ctx := rlCtx(t)
+	l := oneRowLocker(t, pool, tb[0])
+	k, err := l.Lock(ctx, 1, 5*time.Second) // the first call read the table
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	q := pgx.Identifier{tb[0]}.Sanitize()
+	if _, err := pool.Exec(ctx, `ALTER TABLE `+q+` DROP CONSTRAINT rlt_one_pk; DELETE FROM `+q+`; INSERT INTO `+q+` (id) VALUES (2), (2)`); err != nil {
+		t.Fatal(err)
+	}
+	_, err = l.Lock(ctx, 2, 5*time.Second)
+	wantSeveralRows(t, "Lock", err)
+	_, err = l.Claim(ctx, recordlock.SQL{}, 5*time.Second)
+	wantSeveralRows(t, "Claim", err)
+	if n := rlCount(t, pool, tb[0], "locked_by IS NOT NULL OR lock_token IS NOT NULL"); n != 0 {
+		t.Errorf("%d rows locked", n)
+	}
+	// An operator's forced release of one holding does not clear both.
+	if _, err := pool.Exec(ctx, `UPDATE `+q+` SET locked_by = 'x', locked_until = now() + interval '1 hour', lock_token = 1`); err != nil {
+		t.Fatal(err)
+	}
+	rt, err := postgres.Records(pool, tb[0], nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, _ = rt.ForceRelease(ctx, int64(2))
+	if n := rlCount(t, pool, tb[0], "locked_by IS NOT NULL"); n != 2 {
+		t.Errorf("ForceRelease of a shared id cleared %d of 2 holdings", 2-n)
+	}
+}
+
+// TestRecordsUniqueIndexOtherCollation: the id column compares by a
+// case-insensitive collation while its unique index uses "C": 'abc' and
+// 'ABC' are two rows the index lets in but one id for the column's
+// equality. Lock("abc") locks neither.
+func TestRecordsUniqueIndexOtherCollation(t *testing.T) {
+	drivertest.ServerURL(t, "postgres", "WARDEN_TEST_POSTGRES_URL")
+	pool, err := recordsPool()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := rlCtx(t)
+	coll := fmt.Sprintf("rlt_ci_%d", rltSeq.Add(1))
+	if _, err := pool.Exec(ctx, `CREATE COLLATION `+coll+` (provider = icu, locale = 'und-u-ks-level2', deterministic = false)`); err != nil {
+		t.Skipf("the server has no ICU collations to build the case: %v", err)
+	}
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP COLLATION IF EXISTS `+coll) })
+	_, tb := rawTables(t, 1, `CREATE TABLE %[1]s (id text COLLATE `+coll+` NOT NULL`+rlLockCols+`);
+CREATE UNIQUE INDEX ON %[1]s (id COLLATE "C");
+INSERT INTO %[1]s (id) VALUES ('abc'), ('ABC')`)
+	l := oneRowLocker(t, pool, tb[0])
+	_, err = l.Lock(ctx, "abc", 5*time.Second)
+	wantSeveralRows(t, `Lock("abc")`, err)
+	if n := rlCount(t, pool, tb[0], "locked_by IS NOT NULL"); n != 0 {
+		t.Errorf("%d rows locked", n)
+	}
+}
+
+// sneakyInt and sneakyText are ids of integer and string kinds whose pgx
+// encoding methods answer another value than the one they hold.
+type sneakyInt int64
+
+func (sneakyInt) Int64Value() (pgtype.Int8, error) { return pgtype.Int8{Int64: 2, Valid: true}, nil }
+
+type sneakyText string
+
+func (sneakyText) TextValue() (pgtype.Text, error) { return pgtype.Text{String: "b", Valid: true}, nil }
+
+// TestRecordsIDBoundAsItsValue: an id is bound as the value it holds, not
+// as its type's pgx encoding methods answer: sneakyInt(1) locks row 1,
+// sneakyText("a") row "a".
+func TestRecordsIDBoundAsItsValue(t *testing.T) {
+	pool, tb := rawTables(t, 2, `CREATE TABLE %[1]s (id bigint PRIMARY KEY`+rlLockCols+`);
+INSERT INTO %[1]s (id) VALUES (1), (2);
+CREATE TABLE %[2]s (id text PRIMARY KEY`+rlLockCols+`);
+INSERT INTO %[2]s (id) VALUES ('a'), ('b')`)
+	ctx := rlCtx(t)
+	for _, c := range []struct {
+		table    string
+		id       any
+		row, not any
+	}{{tb[0], sneakyInt(1), int64(1), int64(2)}, {tb[1], sneakyText("a"), "a", "b"}} {
+		l := oneRowLocker(t, pool, c.table)
+		if _, err := l.Lock(ctx, c.id, 5*time.Second); err != nil {
+			t.Fatalf("Lock(%#v): %v", c.id, err)
+		}
+		if n := rlCount(t, pool, c.table, "id = $1 AND locked_by IS NOT NULL", c.row); n != 1 {
+			t.Errorf("Lock(%#v) did not lock row %v", c.id, c.row)
+		}
+		if n := rlCount(t, pool, c.table, "id = $1 AND locked_by IS NOT NULL", c.not); n != 0 {
+			t.Errorf("Lock(%#v) locked row %v", c.id, c.not)
+		}
+	}
+}
