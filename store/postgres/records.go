@@ -118,9 +118,10 @@ type RecordTable struct {
 type idKind int
 
 const (
-	kindAny  idKind = iota // uuid, bytea, timestamps …: what pgx binds
-	kindInt                // numeric types: integers only
-	kindText               // string types: strings only
+	kindAny   idKind = iota // uuid, bytea, timestamps …: what pgx binds
+	kindInt                 // numeric types: integers only
+	kindText                // string types: strings only
+	kindBytes               // bytea: []byte only (a string would be read as bytea's text form)
 )
 
 var _ wdriver.Records[recordlock.SQL] = (*RecordTable)(nil)
@@ -679,13 +680,15 @@ func (r *RecordTable) kindOK(k idKind, id any) error {
 	if _, ok := id.(driver.Valuer); ok || k == kindAny {
 		return nil
 	}
-	isInt, isText := false, false
+	isInt, isText, isBytes := false, false, false
 	switch reflect.TypeOf(id).Kind() {
 	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
 		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr:
 		isInt = true
 	case reflect.String:
 		isText = true
+	case reflect.Slice:
+		isBytes = true
 	}
 	switch {
 	case k == kindInt && !isInt:
@@ -693,6 +696,9 @@ func (r *RecordTable) kindOK(k idKind, id any) error {
 			r.name, showRecordID(id), id, r.idCol, warden.ErrInvalidArgument)
 	case k == kindText && !isText:
 		return fmt.Errorf("postgres: %s: record id %s (%T): the id column %s holds strings: ids are strings: %w",
+			r.name, showRecordID(id), id, r.idCol, warden.ErrInvalidArgument)
+	case k == kindBytes && !isBytes:
+		return fmt.Errorf("postgres: %s: record id %s (%T): the id column %s is bytea: ids are []byte (a string would be read as bytea's text form): %w",
 			r.name, showRecordID(id), id, r.idCol, warden.ErrInvalidArgument)
 	}
 	return nil
@@ -722,7 +728,7 @@ func (r *RecordTable) ready(ctx context.Context, id any) (any, error) {
 func bound(id any) any {
 	if v, ok := id.(driver.Valuer); ok {
 		val, _ := callValue(v) // CheckID called it without error
-		return val
+		id = val               // and judged it: a value of the kinds below, or a time
 	}
 	switch v := reflect.ValueOf(id); v.Kind() {
 	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
@@ -733,12 +739,14 @@ func bound(id any) any {
 		return v.String()
 	case reflect.Slice:
 		return v.Bytes()
-	case reflect.Array: // [16]byte, a uuid
+	case reflect.Array: // [16] of a byte kind, a uuid
 		var u [16]byte
-		reflect.Copy(reflect.ValueOf(&u).Elem(), v)
+		for i := range u {
+			u[i] = byte(v.Index(i).Uint())
+		}
 		return u
 	}
-	return id
+	return id // time.Time: checkRecordID accepts no other struct
 }
 
 func badID(id any, why string) error {
@@ -1124,17 +1132,21 @@ func (r *RecordTable) check(ctx context.Context) error {
 		return nil
 	}
 	var (
-		table, column, unique, index bool
-		category, typ                string
+		table, column, unique, index, children bool
+		category, typ                          string
 	)
+	// typ is the base type's name (a domain's own type counts as its
+	// base's).
 	err := retry(ctx, func() error {
-		return r.pool.QueryRow(ctx, `SELECT c.oid IS NOT NULL, a.attnum IS NOT NULL, COALESCE(t.typcategory::text, ''), COALESCE(format_type(a.atttypid, NULL), ''),
+		return r.pool.QueryRow(ctx, `SELECT c.oid IS NOT NULL, a.attnum IS NOT NULL, COALESCE(t.typcategory::text, ''), COALESCE(bt.typname::text, ''),
   EXISTS (SELECT FROM pg_index i WHERE i.indrelid = c.oid AND i.indisunique AND i.indisvalid AND i.indnkeyatts = 1
     AND i.indkey[0] = a.attnum AND i.indpred IS NULL AND i.indexprs IS NULL),
-  EXISTS (SELECT FROM pg_index i JOIN pg_class x ON x.oid = i.indexrelid WHERE i.indrelid = c.oid AND x.relname = $3 AND i.indisvalid)
+  EXISTS (SELECT FROM pg_index i JOIN pg_class x ON x.oid = i.indexrelid WHERE i.indrelid = c.oid AND x.relname = $3 AND i.indisvalid),
+  EXISTS (SELECT FROM pg_inherits h JOIN pg_class p ON p.oid = h.inhparent WHERE h.inhparent = c.oid AND p.relkind <> 'p')
 FROM (SELECT to_regclass($1) AS oid) c
 LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = $2 AND a.attnum > 0 AND NOT a.attisdropped
-LEFT JOIN pg_type t ON t.oid = a.atttypid`, r.qt, r.idCol, r.clearedIdx).Scan(&table, &column, &category, &typ, &unique, &index)
+LEFT JOIN pg_type t ON t.oid = a.atttypid
+LEFT JOIN pg_type bt ON bt.oid = COALESCE(NULLIF(t.typbasetype, 0), t.oid)`, r.qt, r.idCol, r.clearedIdx).Scan(&table, &column, &category, &typ, &unique, &index, &children)
 	})
 	if err != nil {
 		return r.fail(ctx, nil, err)
@@ -1146,14 +1158,26 @@ LEFT JOIN pg_type t ON t.oid = a.atttypid`, r.qt, r.idCol, r.clearedIdx).Scan(&t
 		return fmt.Errorf("postgres: records: table %s has no id column %q", r.name, r.idCol)
 	case !unique:
 		return fmt.Errorf("postgres: records: the id column %q of %s is neither the primary key nor alone in a unique index: a lock must name one row", r.idCol, r.name)
+	case children:
+		return fmt.Errorf("postgres: records: table %s has inheritance children: statements on it read their rows too, and its unique index does not cover them, so a lock could name several rows (declarative partitioning keeps one unique index over all partitions; or give each table a RecordTable of its own)", r.name)
 	}
-	switch category {
-	case "N":
-		r.kind = kindInt
-	case "S":
-		r.kind = kindText
+	switch typ {
+	case "float4", "float8", "name", "char":
+		// Ids the server would round (floats), cut (name: 63 bytes) or
+		// reduce to one byte ("char"): a lock could name a row whose id is
+		// not the one asked for.
+		return fmt.Errorf("postgres: records: the id column %q of %s is of type %s, whose values the server rounds or cuts on comparison: use an integer, numeric, text, varchar, uuid or bytea id", r.idCol, r.name, typ)
+	case "bytea":
+		r.kind = kindBytes
 	default:
-		r.kind = kindAny
+		switch category {
+		case "N":
+			r.kind = kindInt
+		case "S":
+			r.kind = kindText
+		default:
+			r.kind = kindAny
+		}
 	}
 	r.checked, r.cleared = true, index
 	return nil

@@ -2,6 +2,8 @@ package postgres_test
 
 import (
 	"context"
+	sqldriver "database/sql/driver"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -10,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/drivertest"
 	"github.com/warden-go/warden/recordlock"
 	"github.com/warden-go/warden/store/postgres"
@@ -65,10 +68,11 @@ func oneRowLocker(t *testing.T, pool *pgxpool.Pool, table string) *recordlock.Lo
 
 // wantSeveralRows checks that err says the id names several rows (or,
 // once the driver read the table again, that its id column is not
-// unique).
+// unique, or that the table has inheritance children).
 func wantSeveralRows(t *testing.T, what string, err error) {
 	t.Helper()
-	if err == nil || !strings.Contains(err.Error(), "several rows have this id") && !strings.Contains(err.Error(), "neither the primary key nor alone in a unique index") {
+	if err == nil || !strings.Contains(err.Error(), "several rows have this id") && !strings.Contains(err.Error(), "neither the primary key nor alone in a unique index") &&
+		!strings.Contains(err.Error(), "inheritance children") {
 		t.Errorf("%s: %v, want an error saying several rows have the id", what, err)
 	}
 }
@@ -78,9 +82,11 @@ func wantSeveralRows(t *testing.T, what string, err error) {
 // the children too). Another Locker's Lock must not take it: that would
 // be two holders of one record. Claim and Lock fail saying why, and write
 // nothing.
+//
+// (A table that has inheritance children when the driver first reads it
+// is refused outright: TestRecordsInheritanceParentRefused.)
 func TestRecordsInheritanceChildSharesID(t *testing.T) {
 	pool, tb := rawTables(t, 2, `CREATE TABLE %[1]s (id bigint PRIMARY KEY, status text NOT NULL DEFAULT 'todo'`+rlLockCols+`);
-CREATE TABLE %[2]s () INHERITS (%[1]s);
 INSERT INTO %[1]s (id) VALUES (1)`)
 	ctx := rlCtx(t)
 	a, b := oneRowLocker(t, pool, tb[0]), oneRowLocker(t, pool, tb[0])
@@ -88,7 +94,11 @@ INSERT INTO %[1]s (id) VALUES (1)`)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, `INSERT INTO `+pgx.Identifier{tb[1]}.Sanitize()+` (id) VALUES (1)`); err != nil {
+	if _, err := b.Lock(ctx, 1, 5*time.Second); err == nil { // b reads the table now
+		t.Fatal("b locked record 1 while a holds it")
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+pgx.Identifier{tb[1]}.Sanitize()+` () INHERITS (`+pgx.Identifier{tb[0]}.Sanitize()+`);
+INSERT INTO `+pgx.Identifier{tb[1]}.Sanitize()+` (id) VALUES (1)`); err != nil {
 		t.Fatal(err)
 	}
 	if k, err := b.Lock(ctx, 1, 5*time.Second); err == nil {
@@ -180,9 +190,19 @@ type sneakyText string
 
 func (sneakyText) TextValue() (pgtype.Text, error) { return pgtype.Text{String: "b", Valid: true}, nil }
 
+// wrapSneaky is a Valuer whose Value is a sneakyInt.
+type wrapSneaky int64
+
+func (w wrapSneaky) Value() (sqldriver.Value, error) { return sneakyInt(w), nil }
+
+// uuidByte is a byte type of the user's; [16]uuidByte is a uuid id.
+type uuidByte uint8
+
 // TestRecordsIDBoundAsItsValue: an id is bound as the value it holds, not
 // as its type's pgx encoding methods answer: sneakyInt(1) locks row 1,
-// sneakyText("a") row "a".
+// sneakyText("a") row "a", and a Valuer whose Value is a sneakyInt the
+// row of the value it holds. A [16] array of a byte type of the user's is
+// a uuid (it panicked in the binding).
 func TestRecordsIDBoundAsItsValue(t *testing.T) {
 	pool, tb := rawTables(t, 2, `CREATE TABLE %[1]s (id bigint PRIMARY KEY`+rlLockCols+`);
 INSERT INTO %[1]s (id) VALUES (1), (2);
@@ -193,7 +213,7 @@ INSERT INTO %[2]s (id) VALUES ('a'), ('b')`)
 		table    string
 		id       any
 		row, not any
-	}{{tb[0], sneakyInt(1), int64(1), int64(2)}, {tb[1], sneakyText("a"), "a", "b"}} {
+	}{{tb[0], sneakyInt(1), int64(1), int64(2)}, {tb[1], sneakyText("a"), "a", "b"}, {tb[0], wrapSneaky(1), int64(1), int64(2)}} {
 		l := oneRowLocker(t, pool, c.table)
 		if _, err := l.Lock(ctx, c.id, 5*time.Second); err != nil {
 			t.Fatalf("Lock(%#v): %v", c.id, err)
@@ -204,5 +224,72 @@ INSERT INTO %[2]s (id) VALUES ('a'), ('b')`)
 		if n := rlCount(t, pool, c.table, "id = $1 AND locked_by IS NOT NULL", c.not); n != 0 {
 			t.Errorf("Lock(%#v) locked row %v", c.id, c.not)
 		}
+		if _, err := pool.Exec(ctx, `UPDATE `+pgx.Identifier{c.table}.Sanitize()+` SET locked_by = NULL, locked_until = NULL`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, ut := rawTables(t, 1, `CREATE TABLE %[1]s (id uuid PRIMARY KEY`+rlLockCols+`);
+INSERT INTO %[1]s (id) VALUES ('01000000-0000-0000-0000-000000000000')`)
+	if _, err := oneRowLocker(t, pool, ut[0]).Lock(ctx, [16]uuidByte{1}, 5*time.Second); err != nil {
+		t.Errorf("Lock([16]uuidByte) on a uuid id: %v", err)
+	}
+}
+
+// TestRecordsInheritanceParentRefused: a table with inheritance children
+// (whose rows its statements read, outside its unique index) is refused
+// on first use, even with no id shared yet; a partitioned table, whose
+// unique index covers every partition, is not.
+func TestRecordsInheritanceParentRefused(t *testing.T) {
+	pool, tb := rawTables(t, 4, `CREATE TABLE %[1]s (id bigint PRIMARY KEY`+rlLockCols+`);
+CREATE TABLE %[2]s () INHERITS (%[1]s);
+INSERT INTO %[1]s (id) VALUES (1);
+CREATE TABLE %[3]s (id bigint PRIMARY KEY`+rlLockCols+`) PARTITION BY RANGE (id);
+CREATE TABLE %[4]s PARTITION OF %[3]s FOR VALUES FROM (0) TO (100);
+INSERT INTO %[3]s (id) VALUES (1)`)
+	ctx := rlCtx(t)
+	_, err := oneRowLocker(t, pool, tb[0]).Lock(ctx, 1, 5*time.Second)
+	if err == nil || !strings.Contains(err.Error(), "inheritance children") {
+		t.Errorf("Lock on an inheritance parent: %v, want an error saying it has inheritance children", err)
+	}
+	if n := rlCount(t, pool, tb[0], "locked_by IS NOT NULL"); n != 0 {
+		t.Errorf("%d rows locked", n)
+	}
+	if _, err := oneRowLocker(t, pool, tb[2]).Lock(ctx, 1, 5*time.Second); err != nil {
+		t.Errorf("Lock on a partitioned table: %v", err)
+	}
+}
+
+// TestRecordsIDColumnTypesRefused: id columns whose values the server
+// rounds or cuts on comparison (float8: 2^53+1 is 2^53; name: 63 bytes)
+// are refused on first use; a bytea id column takes []byte only (a
+// string would be read as bytea's text form: "\\x41" is "A").
+func TestRecordsIDColumnTypesRefused(t *testing.T) {
+	pool, tb := rawTables(t, 3, `CREATE TABLE %[1]s (id float8 PRIMARY KEY`+rlLockCols+`);
+INSERT INTO %[1]s (id) VALUES (9007199254740992);
+CREATE TABLE %[2]s (id name PRIMARY KEY`+rlLockCols+`);
+CREATE TABLE %[3]s (id bytea PRIMARY KEY`+rlLockCols+`);
+INSERT INTO %[3]s (id) VALUES ('A')`)
+	ctx := rlCtx(t)
+	for _, c := range []struct {
+		table string
+		id    any
+	}{{tb[0], int64(9007199254740993)}, {tb[1], "a"}} {
+		_, err := oneRowLocker(t, pool, c.table).Lock(ctx, c.id, 5*time.Second)
+		if err == nil || !strings.Contains(err.Error(), "rounds or cuts") {
+			t.Errorf("Lock(%#v) on table %s: %v, want the id column refused", c.id, c.table, err)
+		}
+	}
+	if n := rlCount(t, pool, tb[0], "locked_by IS NOT NULL"); n != 0 {
+		t.Errorf("float8 table: %d rows locked", n)
+	}
+	l := oneRowLocker(t, pool, tb[2])
+	if _, err := l.Lock(ctx, `\x41`, 5*time.Second); !errors.Is(err, warden.ErrInvalidArgument) {
+		t.Errorf("Lock(string) on a bytea id: %v, want ErrInvalidArgument", err)
+	}
+	if n := rlCount(t, pool, tb[2], "locked_by IS NOT NULL"); n != 0 {
+		t.Errorf("bytea table: %d rows locked by a string", n)
+	}
+	if _, err := l.Lock(ctx, []byte("A"), 5*time.Second); err != nil {
+		t.Errorf("Lock([]byte) on a bytea id: %v", err)
 	}
 }
