@@ -623,6 +623,20 @@ func dollarTag(s string) (string, bool) {
 // as an option of the query, shifting the arguments after it.
 func checkClaimArgs(args []any) error {
 	for i, a := range args {
+		// A Valuer is called (and its Value, if a Valuer too, a few levels
+		// down) so that one that fails or panics is an error here, not a
+		// panic inside pgx.
+		for depth, x := 0, a; depth < 4; depth++ {
+			vr, ok := x.(driver.Valuer)
+			if !ok {
+				break
+			}
+			val, err := callValue(vr)
+			if err != nil {
+				return fmt.Errorf("Args[%d] (%T): its Value failed: %v: %w", i, a, err, warden.ErrInvalidArgument)
+			}
+			x = val
+		}
 		switch a.(type) {
 		case pgx.QueryRewriter:
 			return fmt.Errorf("Args[%d] is a %T, a pgx.QueryRewriter: it would rewrite the driver's statement and parameters; use $1 … $n placeholders: %w", i, a, warden.ErrInvalidArgument)
@@ -706,17 +720,37 @@ func (r *RecordTable) kindOK(k idKind, id any) error {
 
 // ready checks id, and, on first use, the table (see check), and then id
 // against the id column's type. It returns the value to bind (see bound).
+//
+// A Valuer's Value is called once here, and that one result is judged and
+// bound: a Valuer whose Value changes between calls cannot have one value
+// checked and another bound.
 func (r *RecordTable) ready(ctx context.Context, id any) (any, error) {
-	if err := checkRecordID(id, 0); err != nil {
+	v := id
+	if vr, ok := id.(driver.Valuer); ok {
+		val, err := callValue(vr)
+		switch {
+		case err != nil:
+			return nil, badID(id, "its Value failed: "+err.Error())
+		case val == nil:
+			return nil, badID(id, "its Value is NULL")
+		}
+		if err := checkRecordID(val, 1); err != nil {
+			return nil, badID(id, "its Value: "+err.Error())
+		}
+		v = val
+	} else if err := checkRecordID(id, 0); err != nil {
 		return nil, err
 	}
 	if err := r.check(ctx); err != nil {
 		return nil, err
 	}
-	if err := r.CheckID(id); err != nil {
+	r.checkMu.Lock()
+	k := r.kind
+	r.checkMu.Unlock()
+	if err := r.kindOK(k, id); err != nil {
 		return nil, err
 	}
-	return bound(id), nil
+	return bound(v), nil
 }
 
 // bound is the value bound for an id that CheckID accepted: a Valuer's
@@ -725,11 +759,11 @@ func (r *RecordTable) ready(ctx context.Context, id any) (any, error) {
 // the type's own encoding methods (Int64Value, TextValue …), which may
 // name another value than the one CheckID judged. Other ids ([]byte,
 // [16]byte, time.Time) are bound as they are.
+//
+// id is a value checkRecordID accepted (for a Valuer, its Value); bound
+// looks at kinds again all the same, so that no value reaches a
+// conversion that would panic.
 func bound(id any) any {
-	if v, ok := id.(driver.Valuer); ok {
-		val, _ := callValue(v) // CheckID called it without error
-		id = val               // and judged it: a value of the kinds below, or a time
-	}
 	switch v := reflect.ValueOf(id); v.Kind() {
 	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
 		return v.Int()
@@ -738,13 +772,17 @@ func bound(id any) any {
 	case reflect.String:
 		return v.String()
 	case reflect.Slice:
-		return v.Bytes()
-	case reflect.Array: // [16] of a byte kind, a uuid
-		var u [16]byte
-		for i := range u {
-			u[i] = byte(v.Index(i).Uint())
+		if v.Type().Elem().Kind() == reflect.Uint8 {
+			return v.Bytes()
 		}
-		return u
+	case reflect.Array: // [16] of a byte kind, a uuid
+		if v.Len() == 16 && v.Type().Elem().Kind() == reflect.Uint8 {
+			var u [16]byte
+			for i := range u {
+				u[i] = byte(v.Index(i).Uint())
+			}
+			return u
+		}
 	}
 	return id // time.Time: checkRecordID accepts no other struct
 }
@@ -1133,21 +1171,30 @@ func (r *RecordTable) check(ctx context.Context) error {
 	}
 	var (
 		table, column, unique, index, children bool
-		category, typ                          string
+		category, typ, typtype                 string
+		typOID                                 uint32
 	)
-	// typ is the base type's name (a domain's own type counts as its
-	// base's).
 	err := retry(ctx, func() error {
-		return r.pool.QueryRow(ctx, `SELECT c.oid IS NOT NULL, a.attnum IS NOT NULL, COALESCE(t.typcategory::text, ''), COALESCE(bt.typname::text, ''),
+		return r.pool.QueryRow(ctx, `SELECT c.oid IS NOT NULL, a.attnum IS NOT NULL, COALESCE(t.typcategory::text, ''), COALESCE(t.typname::text, ''),
+  COALESCE(t.typtype::text, ''), COALESCE(t.oid, 0::oid),
   EXISTS (SELECT FROM pg_index i WHERE i.indrelid = c.oid AND i.indisunique AND i.indisvalid AND i.indnkeyatts = 1
     AND i.indkey[0] = a.attnum AND i.indpred IS NULL AND i.indexprs IS NULL),
   EXISTS (SELECT FROM pg_index i JOIN pg_class x ON x.oid = i.indexrelid WHERE i.indrelid = c.oid AND x.relname = $3 AND i.indisvalid),
   EXISTS (SELECT FROM pg_inherits h JOIN pg_class p ON p.oid = h.inhparent WHERE h.inhparent = c.oid AND p.relkind <> 'p')
 FROM (SELECT to_regclass($1) AS oid) c
 LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = $2 AND a.attnum > 0 AND NOT a.attisdropped
-LEFT JOIN pg_type t ON t.oid = a.atttypid
-LEFT JOIN pg_type bt ON bt.oid = COALESCE(NULLIF(t.typbasetype, 0), t.oid)`, r.qt, r.idCol, r.clearedIdx).Scan(&table, &column, &category, &typ, &unique, &index, &children)
+LEFT JOIN pg_type t ON t.oid = a.atttypid`, r.qt, r.idCol, r.clearedIdx).Scan(&table, &column, &category, &typ, &typtype, &typOID, &unique, &index, &children)
 	})
+	if err == nil && typtype == "d" {
+		// A domain, perhaps over another: its values are its base type's.
+		err = retry(ctx, func() error {
+			return r.pool.QueryRow(ctx, `WITH RECURSIVE chain(base, name, depth) AS (
+  SELECT typbasetype, typname::text, 0 FROM pg_type WHERE oid = $1
+  UNION ALL
+  SELECT t.typbasetype, t.typname::text, chain.depth + 1 FROM chain JOIN pg_type t ON t.oid = chain.base WHERE chain.base <> 0 AND chain.depth < 64)
+SELECT name FROM chain WHERE base = 0`, typOID).Scan(&typ)
+		})
+	}
 	if err != nil {
 		return r.fail(ctx, nil, err)
 	}

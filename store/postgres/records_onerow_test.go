@@ -293,3 +293,82 @@ INSERT INTO %[3]s (id) VALUES ('A')`)
 		t.Errorf("Lock([]byte) on a bytea id: %v", err)
 	}
 }
+
+// flipValuer answers first with one value, then with another: the value
+// judged must be the value bound. (Its later value, a slice of ints,
+// panicked in the binding.)
+type flipValuer struct {
+	n     *int
+	first sqldriver.Value
+	later any
+}
+
+func (f flipValuer) Value() (sqldriver.Value, error) {
+	*f.n++
+	if *f.n == 1 {
+		return f.first, nil
+	}
+	return f.later, nil
+}
+
+type panicValuer struct{}
+
+func (panicValuer) Value() (sqldriver.Value, error) { panic("boom") }
+
+// TestRecordsValuersCalledOnce: a Valuer is called once per call and
+// that value judged and bound, so one that changes its answer cannot slip
+// an unchecked value in (nor make the binding panic); a Claim argument
+// whose Value panics is an error, not a panic.
+func TestRecordsValuersCalledOnce(t *testing.T) {
+	pool, tb := rawTables(t, 1, `CREATE TABLE %[1]s (id bytea PRIMARY KEY, s text`+rlLockCols+`);
+INSERT INTO %[1]s (id, s) VALUES ('x', 'todo')`)
+	ctx := rlCtx(t)
+	rt, err := postgres.Records(pool, tb[0], nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, later := range []any{[]int{1}, [3]int{1, 2, 3}, [16]string{}} {
+		n := 0
+		_, found, err := rt.Get(ctx, flipValuer{&n, []byte("x"), later})
+		if err != nil || !found {
+			t.Errorf("Get(a Valuer answering x, then %T): found %v, %v; want the row x", later, found, err)
+		}
+	}
+	_, _, err = rt.Claim(ctx, recordlock.SQL{Where: "s = $1", Args: []any{panicValuer{}}}, "o", time.Second)
+	if !errors.Is(err, warden.ErrInvalidArgument) {
+		t.Errorf("Claim with an Arg whose Value panics: %v, want ErrInvalidArgument", err)
+	}
+}
+
+// TestRecordsDomainOverDomainRefused: a domain over a domain over float8
+// is float8 for the refusal of lossy id types; one over int is accepted.
+func TestRecordsDomainOverDomainRefused(t *testing.T) {
+	drivertest.ServerURL(t, "postgres", "WARDEN_TEST_POSTGRES_URL")
+	pool, err := recordsPool()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := rlCtx(t)
+	d := fmt.Sprintf("rlt_dom_%d", rltSeq.Add(1))
+	if _, err := pool.Exec(ctx, `CREATE DOMAIN `+d+`_f1 AS float8; CREATE DOMAIN `+d+`_f2 AS `+d+`_f1;
+CREATE DOMAIN `+d+`_i1 AS bigint CHECK (VALUE > 0); CREATE DOMAIN `+d+`_i2 AS `+d+`_i1`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), `DROP DOMAIN IF EXISTS `+d+`_f2, `+d+`_f1, `+d+`_i2, `+d+`_i1 CASCADE`)
+	})
+	_, tb := rawTables(t, 2, `CREATE TABLE %[1]s (id `+d+`_f2 PRIMARY KEY`+rlLockCols+`);
+INSERT INTO %[1]s (id) VALUES (9007199254740992);
+CREATE TABLE %[2]s (id `+d+`_i2 PRIMARY KEY`+rlLockCols+`);
+INSERT INTO %[2]s (id) VALUES (1)`)
+	_, err = oneRowLocker(t, pool, tb[0]).Lock(ctx, int64(9007199254740993), 5*time.Second)
+	if err == nil || !strings.Contains(err.Error(), "rounds or cuts") {
+		t.Errorf("Lock on a domain over a domain over float8: %v, want the id column refused", err)
+	}
+	if _, err := oneRowLocker(t, pool, tb[1]).Lock(ctx, 1, 5*time.Second); err != nil {
+		t.Errorf("Lock on a domain over a domain over bigint: %v", err)
+	}
+	if _, err := oneRowLocker(t, pool, tb[1]).Lock(ctx, "1", 5*time.Second); !errors.Is(err, warden.ErrInvalidArgument) {
+		t.Errorf(`Lock("1") on a domain over a domain over bigint: %v, want ErrInvalidArgument`, err)
+	}
+}
