@@ -265,6 +265,19 @@ func redactUserInfo(v string) (string, bool) {
 	if !strings.Contains(v, "@") {
 		return v, false
 	}
+	if !startsWithScheme(v) {
+		// Addresses ("user:password@host:port", or a list of them): their
+		// passwords are not escaped, so one may hold ',', '@', ':' or
+		// "://". Everything from the first ':' to the last '@' is masked:
+		// more than the password where the list has several addresses,
+		// never less.
+		at := strings.LastIndex(v, "@")
+		c := strings.Index(v[:at], ":")
+		if c < 0 {
+			return v, false
+		}
+		return v[:c] + ":xxxxx" + v[at:], true
+	}
 	parts := strings.Split(v, ",")
 	// A password may hold ',' (a URL's user information allows it, and an
 	// address's is not escaped at all), so a list cannot be split at its
@@ -287,6 +300,23 @@ func redactUserInfo(v string) (string, bool) {
 		}
 		i++
 	}
+	// Likewise a password may hold "@,": a part with user information is
+	// joined with a following part (not a URL of its own) that has an '@'
+	// with no ':' before it — "user:@" + "@host" is user "user" with
+	// password "@," — since user information ends at the last '@'.
+	for i := 0; i+1 < len(parts); {
+		p, next := parts[i], parts[i+1]
+		if j := strings.Index(p, "://"); j >= 0 {
+			p = p[j+3:]
+		}
+		at := strings.Index(next, "@")
+		if strings.Contains(p, "@") && !strings.Contains(next, "://") && at >= 0 && !strings.Contains(next[:at], ":") {
+			parts[i] += "," + next
+			parts = append(parts[:i+1], parts[i+2:]...)
+			continue
+		}
+		i++
+	}
 	changed := false
 	for i, p := range parts {
 		scheme, rest := "", p
@@ -300,16 +330,60 @@ func redactUserInfo(v string) (string, bool) {
 		if j := strings.IndexAny(rest, "/?#"); j >= 0 && scheme != "" {
 			authority = rest[:j]
 		}
-		at := strings.LastIndex(authority, "@")
-		if at < 0 {
-			continue
+		if at := strings.LastIndex(authority, "@"); at >= 0 {
+			if user, _, ok := strings.Cut(authority[:at], ":"); ok {
+				parts[i] = scheme + user + ":xxxxx" + rest[at:]
+				changed = true
+				continue
+			}
 		}
-		if user, _, ok := strings.Cut(authority[:at], ":"); ok {
-			parts[i] = scheme + user + ":xxxxx" + rest[at:]
+		// No password by the URL's reading, but an '@' after the scheme:
+		// the part reads as well as an address whose password starts
+		// with "//" ("x" + ":" + "//name#…" + "@host"), so it is masked
+		// from the scheme's ':' to its last '@' — an '@' in a path or a
+		// fragment is masked with it.
+		if k := strings.LastIndex(rest, "@"); k >= 0 && scheme != "" {
+			parts[i] = scheme[:len(scheme)-3] + ":xxxxx" + rest[k:]
 			changed = true
 		}
 	}
-	return strings.Join(parts, ","), changed
+	out := strings.Join(parts, ",")
+	// Every '@' left must end a mask; one that does not may end a password
+	// the readings above split elsewhere ("user://,@host" is user "user"
+	// with password "//,"): then the value is masked as an address, from
+	// its first ':' to its last '@'.
+	for i := strings.IndexByte(out, '@'); i >= 0; {
+		if !strings.HasSuffix(out[:i], ":xxxxx") {
+			at := strings.LastIndex(v, "@")
+			if c := strings.Index(v[:at], ":"); c >= 0 {
+				return v[:c] + ":xxxxx" + v[at:], true
+			}
+			return out, changed
+		}
+		j := strings.IndexByte(out[i+1:], '@')
+		if j < 0 {
+			break
+		}
+		i += 1 + j
+	}
+	return out, changed
+}
+
+// startsWithScheme reports whether v starts with a URL scheme and "://".
+func startsWithScheme(v string) bool {
+	i := strings.Index(v, "://")
+	if i <= 0 {
+		return false
+	}
+	for j, c := range v[:i] {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z':
+		case j > 0 && (c >= '0' && c <= '9' || c == '+' || c == '-' || c == '.'):
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // SecretParam reports whether a URL query parameter's name says its value

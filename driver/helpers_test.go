@@ -53,6 +53,14 @@ func TestRedactURLNested(t *testing.T) {
 		"x://h?addr=u:s3cretpw,,@h1:1",
 		"x://h?addr=u:s3cretpw,x:y@h1:1",
 		"x://h?addr=u:s3,cretpw@h1:1,v:s3cretpw@h2:2",
+		// Passwords holding "@,": user information ends at the last '@'.
+		"x://h?addr=u:pw@,s3cretpw@h1:1",
+		"x://h?addr=u:@,s3cretpw@h1:1,v:s3cretpw@h2:2",
+		"memory://db?addr=user%3Apw%40%2Cs3cretpw%40127.0.0.1%3A1",
+		// Address passwords that make the address read as a URL.
+		"x://h?addr=user://s3cretpw@h1:1",
+		"x://h?addr=user://%23s3cretpw@h1:1",
+		"x://h?addr=user://s3cretpw%23@h1:1",
 	} {
 		u, err := url.Parse(raw)
 		if err != nil {
@@ -67,11 +75,13 @@ func TestRedactURLNested(t *testing.T) {
 			t.Errorf("RedactURL(%q) = %q does not show where the password was", raw, got)
 		}
 	}
-	// Values without user information are left as they are: an '@' in a
-	// path or a value that is no address.
+	// Values without user information are left as they are: a value
+	// that is no address. (A URL with an '@' in its path is masked from
+	// its scheme's ':' to that '@': it reads as well as an address whose
+	// password starts with "//", as "user://#@host" does.)
 	for _, raw := range []string{
-		"dynamodb://t?endpoint=http://host:8000/a@b&region=x",
 		"x://h?mail=ops@example.com&addr=h2:2",
+		"x://h?endpoint=http://host:8000/path&region=x",
 	} {
 		u, err := url.Parse(raw)
 		if err != nil {
