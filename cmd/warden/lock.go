@@ -132,7 +132,10 @@ What each store can see:
     expiry, whether or not someone takes the key. postgres and redis keep
     nothing for a listener that is not connected: when the store reconnects
     its LISTEN connection or subscription, an events-lost line says that
-    events sent meanwhile are gone.
+    events sent meanwhile are gone. mongodb writes events only while some
+    process watches: a watch prints events-lost about a second after it
+    starts, once every process's writes have seen it (events of that
+    first second may be missing).
   mysql: no notifications; warden lists the locks every second
     and reports the differences. A holding that begins and ends between two
     listings is not seen: the stream starts with an events-lost line that

@@ -116,6 +116,11 @@ func (w *evWriter) run() {
 			}
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		batch = w.s.watchedOnly(ctx, batch)
+		if len(batch) == 0 {
+			cancel()
+			continue
+		}
 		_, err := w.s.events.InsertMany(ctx, batch)
 		if err == nil && time.Since(w.trimmed) > w.s.evRetention/4 {
 			w.trimmed = time.Now()
@@ -175,23 +180,24 @@ var errClosed = errors.New("mongo: store closed")
 // to the subscribers.
 type hub struct {
 	*eventhub.Hub
+	watchReg
 	s *store
 }
 
 func newHub(s *store) *hub {
-	h := &hub{s: s}
+	h := &hub{s: s, watchReg: newWatchReg()}
 	h.Hub = eventhub.New(h.start, errClosed)
 	return h
 }
 
 // WatchLocks implements driver.LockNotifier.
 func (s *store) WatchLocks(ctx context.Context) (<-chan driver.LockEvent, error) {
-	return s.hub.WatchLocks(ctx)
+	return watch(s.hub, ctx, kindLock, s.hub.Hub.WatchLocks)
 }
 
 // WatchCircuits implements driver.CircuitNotifier.
 func (s *store) WatchCircuits(ctx context.Context) (<-chan driver.CircuitRecord, error) {
-	return s.hub.WatchCircuits(ctx)
+	return watch(s.hub, ctx, kindCircuit, s.hub.Hub.WatchCircuits)
 }
 
 // newestEvent returns the _id of the event collection's last document
@@ -224,7 +230,19 @@ func (h *hub) start(ctx context.Context) (func(context.Context, *eventhub.Run), 
 	if err != nil {
 		return nil, ctxErr(ctx, err)
 	}
-	return func(ctx context.Context, run *eventhub.Run) { h.loop(ctx, run, last) }, nil
+	return func(ctx context.Context, run *eventhub.Run) {
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h.keep(ctx, run)
+		}()
+		h.loop(ctx, run, last)
+		wg.Wait()
+		// Delete the registrations nobody watches any more (all of them
+		// unless a new watch has started meanwhile).
+		h.sync(ctx, nil)
+	}, nil
 }
 
 // loop tails the event collection. A tailable cursor starts at the

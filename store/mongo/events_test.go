@@ -260,9 +260,10 @@ func TestEventsLostAfterCursorError(t *testing.T) {
 
 // watchPair opens a watcher store on db with options o (o.Prefix names
 // the namespace) and a writer store on the test server in the same
-// namespace, and subscribes the watcher to lock events until the test
-// ends. next returns the next event, failing the test if none comes
-// before the test's deadline. Both stores close when the test ends.
+// namespace, subscribes the watcher to lock events until the test ends
+// and waits for the registration's gap marker. next returns the next
+// event, failing the test if none comes before the test's deadline. Both
+// stores close when the test ends.
 func watchPair(t *testing.T, db *mongodrv.Database, o *mongo.Options) (watcher, writer *warden.Store, next func() driver.LockEvent) {
 	t.Helper()
 	watcher, err := mongo.New(db, o)
@@ -284,13 +285,12 @@ func watchPair(t *testing.T, db *mongodrv.Database, o *mongo.Options) (watcher, 
 	}
 	next = func() driver.LockEvent {
 		t.Helper()
-		select {
-		case e := <-ch:
-			return e
-		case <-t.Context().Done():
-			t.Fatal("no event")
-		}
-		return driver.LockEvent{}
+		return nextLock(t, ch, "waiting for an event")
+	}
+	// The registration's gap marker (watchers.go), which comes once a
+	// writer in another process would have read the registration: the
+	// tests' events come after it.
+	for next().Kind != driver.EventsLost {
 	}
 	return watcher, writer, next
 }

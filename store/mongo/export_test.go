@@ -78,3 +78,47 @@ func field[T any](c *mongodrv.Collection, name string) T {
 	}
 	return *(*T)(unsafe.Pointer(v.UnsafeAddr()))
 }
+
+// OwnWatchCache makes a store opened with o learn who watches its
+// namespace only from its own reads of the registrations, as if it were
+// the only store of its process.
+func OwnWatchCache(o *Options) { o.ownWatchCache = true }
+
+// WatchersFresh is how long a writer trusts its read of the
+// registrations.
+const WatchersFresh = watchersFresh
+
+// SetDropped sets the hook st's event writer calls for each lock event it
+// drops because nobody watched (key, and when the writer began deciding).
+func SetDropped(st *warden.Store, f func(key string, decided time.Time)) {
+	st.Driver().(*store).dropped = func(ev evDoc, decided time.Time) { f(ev.Key, decided) }
+}
+
+// ExpireWatchCache makes st's event writer read the registrations again
+// before its next write.
+func ExpireWatchCache(st *warden.Store) {
+	c := st.Driver().(*store).wc
+	c.mu.Lock()
+	c.read = time.Time{}
+	c.mu.Unlock()
+}
+
+// RenewNow makes st's watcher renew its registrations at its next check,
+// as it does every watcherTTL/3.
+func RenewNow(st *warden.Store) {
+	h := st.Driver().(*store).hub
+	h.regMu.Lock()
+	for _, r := range h.reg {
+		r.sent = time.Now().Add(-watcherTTL / 3)
+	}
+	h.regMu.Unlock()
+}
+
+// SetAfterRegister sets the hook st's watcher calls after a registration
+// was acknowledged, before the watch subscribes.
+func SetAfterRegister(st *warden.Store, f func()) {
+	h := st.Driver().(*store).hub
+	h.regMu.Lock()
+	h.afterRegister = f
+	h.regMu.Unlock()
+}

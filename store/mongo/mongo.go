@@ -133,6 +133,9 @@ type Options struct {
 	// tailing replaces the event watcher's timing the capability probe
 	// chooses (tests).
 	tailing *tailTiming
+	// ownWatchCache gives the store a cache of the watchers of its own,
+	// as if it were the only store of its process (tests).
+	ownWatchCache bool
 }
 
 // Collections names the store's collections. An empty field means the
@@ -372,10 +375,16 @@ type store struct {
 
 	lockPfx, circPfx, cachePfx string
 
-	ev      *evWriter  // nil when events are disabled
-	server  string     // the connection string of a store opened by URL
-	tailing tailTiming // how the event watcher waits on this server (the capability probe's only choice)
-	hub     *hub
+	ev *evWriter // nil when events are disabled
+	// watchers holds the registrations of the stores that watch (the
+	// events collection's name + "_watchers"); wc is what this process's
+	// writers know of them (watchers.go).
+	watchers *mongo.Collection
+	wc       *watchCache
+	dropped  func(ev evDoc, decided time.Time) // tests: called for each event dropped because nobody watched when decided
+	server   string                            // the connection string of a store opened by URL
+	tailing  tailTiming                        // how the event watcher waits on this server (the capability probe's only choice)
+	hub      *hub
 
 	tries int               // attempts of each retry loop before it gives up: retryLimit (tests lower it)
 	race  func(site string) // tests: called where a retry loop can lose a race (see raced)
@@ -419,6 +428,9 @@ func newStoreOn(ctx context.Context, db *mongo.Database, own bool, server string
 		}
 		seen[*c.p] = true
 	}
+	if w := n.Events + "_watchers"; seen[w] || !collRe.MatchString(w) {
+		return nil, fmt.Errorf("mongo: the event collection's name %q leaves no room for its watchers collection %q (a name of its own, at most 120 characters)", n.Events, w)
+	}
 	s := &store{db: db, ownDB: own, server: server, prefix: opts.Prefix, names: n, log: opts.logger(),
 		autoIdx: !opts.DisableAutoIndex, evSize: opts.EventsSize,
 		lockPfx: opts.Prefix + driver.TagLock, circPfx: opts.Prefix + driver.TagCircuit, cachePfx: opts.Prefix + driver.TagCache}
@@ -449,6 +461,7 @@ func newStoreOn(ctx context.Context, db *mongo.Database, own bool, server string
 	s.cps = db.Collection(n.Checkpoints, coord)
 	s.fences = db.Collection(n.Fences, coord)
 	s.events = db.Collection(n.Events)
+	s.watchers = db.Collection(n.Events+"_watchers", coord)
 	if !opts.DisableAutoMigrate && !s.migratedBefore() {
 		if err := s.Migrate(ctx); err != nil {
 			return nil, err
@@ -469,6 +482,7 @@ func newStoreOn(ctx context.Context, db *mongo.Database, own bool, server string
 	if opts.tailing != nil {
 		s.tailing = *opts.tailing
 	}
+	s.wc = s.newWatchCache(opts.ownWatchCache)
 	s.hub = newHub(s)
 	if !opts.DisableEvents {
 		s.ev = newEvWriter(s)
@@ -529,7 +543,9 @@ func (s *store) Ping(ctx context.Context) error {
 // events still queued, and disconnects a client the store connected
 // itself. A *mongo.Database handed to New stays connected.
 func (s *store) Close() error {
+	s.hub.closed.Store(true)
 	s.hub.Close()
+	s.hub.closeRegs()
 	if s.ev != nil {
 		s.ev.close()
 	}

@@ -14,20 +14,28 @@ import (
 )
 
 // counter counts the commands a client sends (each is one round trip),
-// apart from those on the event collection, which the store's event
-// writer sends in the background (inserts, and now and then a trim); those
-// are counted separately.
+// apart from those on the event collection and its watchers collection,
+// which the store's event writer sends in the background (inserts, now
+// and then a trim, and a read of who watches); those are counted
+// separately.
 type counter struct {
-	cmds, events atomic.Int64
+	cmds, events, watchers atomic.Int64
 }
 
 func (c *counter) monitor() *event.CommandMonitor {
 	return &event.CommandMonitor{Started: func(_ context.Context, e *event.CommandStartedEvent) {
-		if coll, ok := e.Command.Lookup(e.CommandName).StringValueOK(); ok && coll == mongo.DefaultEventsCollection {
-			c.events.Add(1)
-			return
+		coll, _ := e.Command.Lookup(e.CommandName).StringValueOK()
+		if e.CommandName == "getMore" {
+			coll, _ = e.Command.Lookup("collection").StringValueOK()
 		}
-		c.cmds.Add(1)
+		switch coll {
+		case mongo.DefaultEventsCollection:
+			c.events.Add(1)
+		case mongo.DefaultEventsCollection + "_watchers":
+			c.watchers.Add(1)
+		default:
+			c.cmds.Add(1)
+		}
 	}}
 }
 
@@ -75,6 +83,7 @@ func TestRoundTrips(t *testing.T) {
 	d := st.Driver()
 	lk, cb, ca, id, cp := d.Locks(), d.Circuits(), d.Cache(), d.Idempotency(), d.Checkpoints()
 	var token int64
+	events0 := n.events.Load() // the event collection's migration
 	count("Locks.Acquire (new key)", 1, func() error {
 		l, ok, err := lk.Acquire(ctx, "k", "a", time.Minute)
 		if err == nil && !ok {
@@ -244,12 +253,50 @@ func TestRoundTrips(t *testing.T) {
 	})
 
 	// The lock and circuit changes above each queued one event; the writer
-	// sends them in batches, off the operations' path.
+	// drops them, nobody watching the namespace, after reading who watches
+	// (off the operations' path).
 	if err := st.Close(); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("event-collection commands sent in the background: %d (for 13 lock and circuit changes)", n.events.Load())
+	t.Logf("background commands: %d on the event collection, %d reads of its watchers (for 13 lock and circuit changes, nobody watching)", n.events.Load()-events0, n.watchers.Load())
+	if got := n.events.Load() - events0; got != 0 {
+		t.Errorf("%d commands on the event collection while nobody watched, want 0", got)
+	}
+	if n.watchers.Load() == 0 {
+		t.Error("the event writer never read who watches")
+	}
+}
+
+// TestRoundTripsWatched: while the namespace is watched, each lock change
+// still costs its one round trip, and its event is written in the
+// background.
+func TestRoundTripsWatched(t *testing.T) {
+	st, n := newCountingStore(t, "roundtrips-w-"+time.Now().Format("150405.000000")+":")
+	ctx := context.Background()
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ch, err := st.Driver().(driver.LockNotifier).WatchLocks(wctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lk := st.Driver().Locks()
+	before := n.cmds.Load()
+	l, ok, err := lk.Acquire(ctx, "k", "a", time.Minute)
+	if err != nil || !ok {
+		t.Fatalf("Acquire: ok=%v err=%v", ok, err)
+	}
+	if ok, err := lk.Release(ctx, "k", "a", l.Token); err != nil || !ok {
+		t.Fatalf("Release: ok=%v err=%v", ok, err)
+	}
+	if got := n.cmds.Load() - before; got != 2 {
+		t.Errorf("Acquire + Release while watched: %d round trips, want 2", got)
+	}
+	for ev := range ch {
+		if ev.Key == "k" && ev.Kind == driver.LockReleased {
+			break
+		}
+	}
 	if n.events.Load() == 0 {
-		t.Error("no event was written")
+		t.Error("no command on the event collection while the namespace was watched")
 	}
 }
