@@ -239,9 +239,7 @@ func (h *hub) start(ctx context.Context) (func(context.Context, *eventhub.Run), 
 		}()
 		h.loop(ctx, run, last)
 		wg.Wait()
-		// Delete the registrations nobody watches any more (all of them
-		// unless a new watch has started meanwhile).
-		h.sync(ctx, nil)
+		h.endRun()
 	}, nil
 }
 

@@ -1,12 +1,14 @@
 package mongo
 
 import (
+	"context"
 	"fmt"
 	"reflect"
 	"time"
 	"unsafe"
 
 	"github.com/warden-go/warden"
+	"github.com/warden-go/warden/internal/eventhub"
 	mongodrv "go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/readconcern"
 	"go.mongodb.org/mongo-driver/v2/mongo/readpref"
@@ -107,18 +109,42 @@ func ExpireWatchCache(st *warden.Store) {
 // as it does every watcherTTL/3.
 func RenewNow(st *warden.Store) {
 	h := st.Driver().(*store).hub
-	h.regMu.Lock()
+	h.regSem <- struct{}{}
 	for _, r := range h.reg {
 		r.sent = time.Now().Add(-watcherTTL / 3)
 	}
-	h.regMu.Unlock()
+	h.unlockReg()
 }
 
 // SetAfterRegister sets the hook st's watcher calls after a registration
 // was acknowledged, before the watch subscribes.
 func SetAfterRegister(st *warden.Store, f func()) {
 	h := st.Driver().(*store).hub
-	h.regMu.Lock()
+	h.regSem <- struct{}{}
 	h.afterRegister = f
-	h.regMu.Unlock()
+	h.unlockReg()
+}
+
+// StaleKeeperSync makes st's gap marker due now and runs a check of its
+// registrations as the keeper of an event watcher that has been replaced
+// (whose deliveries the hub refuses) would.
+func StaleKeeperSync(st *warden.Store) {
+	h := st.Driver().(*store).hub
+	h.regSem <- struct{}{}
+	h.gapAt = time.Now().Add(-time.Millisecond)
+	h.unlockReg()
+	h.sync(context.Background(), &eventhub.Run{})
+}
+
+// Registered returns the _ids of st's registrations as a watcher, by
+// kind.
+func Registered(st *warden.Store) map[string]string {
+	h := st.Driver().(*store).hub
+	h.regSem <- struct{}{}
+	defer h.unlockReg()
+	out := map[string]string{}
+	for kind, r := range h.reg {
+		out[kind] = r.doc
+	}
+	return out
 }

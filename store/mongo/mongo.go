@@ -428,8 +428,8 @@ func newStoreOn(ctx context.Context, db *mongo.Database, own bool, server string
 		}
 		seen[*c.p] = true
 	}
-	if w := n.Events + "_watchers"; seen[w] || !collRe.MatchString(w) {
-		return nil, fmt.Errorf("mongo: the event collection's name %q leaves no room for its watchers collection %q (a name of its own, at most 120 characters)", n.Events, w)
+	if w := n.Events + "_watchers"; seen[w] {
+		return nil, fmt.Errorf("mongo: collection name %q is the watchers collection of event collection %q", w, n.Events)
 	}
 	s := &store{db: db, ownDB: own, server: server, prefix: opts.Prefix, names: n, log: opts.logger(),
 		autoIdx: !opts.DisableAutoIndex, evSize: opts.EventsSize,
@@ -543,11 +543,14 @@ func (s *store) Ping(ctx context.Context) error {
 // events still queued, and disconnects a client the store connected
 // itself. A *mongo.Database handed to New stays connected.
 func (s *store) Close() error {
-	s.hub.closed.Store(true)
+	first := !s.hub.closed.Swap(true)
 	s.hub.Close()
 	s.hub.closeRegs()
 	if s.ev != nil {
 		s.ev.close()
+	}
+	if first {
+		releaseWatchCache(s.wc)
 	}
 	if s.ownDB {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -80,7 +80,9 @@ func eventKind(ev evDoc) string {
 // watchers on one server (as far as the store can tell: the connection
 // string, or the client handed to New), database and collection.
 type watchCache struct {
-	local *localWatch // shared by every server with these names
+	local      *localWatch // shared by every server with these names
+	key, names string      // its keys in watchCaches and localWatches ("": a store's own)
+	users      int         // open stores using it (guarded by watchMu)
 
 	refresh sync.Mutex // one read of the registrations at a time
 
@@ -97,25 +99,57 @@ type watchCache struct {
 type localWatch struct {
 	mu    sync.Mutex
 	count map[string]int // kind → stores of this process registered as watchers
+	users int            // watchCaches using it (guarded by watchMu)
 }
 
 // watchCaches and localWatches hold the process's watchCaches and
-// localWatches by key.
-var watchCaches, localWatches sync.Map
+// localWatches by key, with the number of open stores using each.
+var (
+	watchMu      sync.Mutex
+	watchCaches  = map[string]*watchCache{}
+	localWatches = map[string]*localWatch{}
+)
 
 // newWatchCache returns the store's watchCache, shared with the stores of
 // the process on the same server, database, collections and namespace;
 // own: one of its own (tests: a store as if alone in its process).
+// releaseWatchCache gives it back when the store closes.
 func (s *store) newWatchCache(own bool) *watchCache {
-	names := fmt.Sprintf("%s\x00%s\x00%s", s.db.Name(), s.names.Events, s.prefix)
-	c := &watchCache{local: &localWatch{count: map[string]int{}}, remote: map[string]bool{}}
 	if own {
-		return c
+		return &watchCache{local: &localWatch{count: map[string]int{}}, remote: map[string]bool{}}
 	}
-	l, _ := localWatches.LoadOrStore(names, c.local)
-	c.local = l.(*localWatch)
-	v, _ := watchCaches.LoadOrStore(s.serverKey()+"\x00"+names, c)
-	return v.(*watchCache)
+	names := fmt.Sprintf("%s\x00%s\x00%s", s.db.Name(), s.names.Events, s.prefix)
+	key := s.serverKey() + "\x00" + names
+	watchMu.Lock()
+	defer watchMu.Unlock()
+	l := localWatches[names]
+	if l == nil {
+		l = &localWatch{count: map[string]int{}}
+		localWatches[names] = l
+	}
+	l.users++
+	c := watchCaches[key]
+	if c == nil {
+		c = &watchCache{local: l, remote: map[string]bool{}, key: key, names: names}
+		watchCaches[key] = c
+	}
+	c.users++
+	return c
+}
+
+// releaseWatchCache forgets c once no open store uses it.
+func releaseWatchCache(c *watchCache) {
+	if c.key == "" {
+		return // a store's own
+	}
+	watchMu.Lock()
+	defer watchMu.Unlock()
+	if c.users--; c.users == 0 {
+		delete(watchCaches, c.key)
+	}
+	if c.local.users--; c.local.users == 0 {
+		delete(localWatches, c.names)
+	}
 }
 
 // addLocal counts a registration of kind by a store of this process
@@ -218,8 +252,17 @@ func (s *store) watchedOnly(ctx context.Context, batch []any) []any {
 // ---------------------------------------------------------------------------
 // the watching store's side
 
+// regIOWait bounds each registration write or delete of the keeper, and
+// closeWait all the deletions of a store that closes (a registration not
+// deleted lapses by itself): a server gone slows neither down for long.
+const (
+	regIOWait = 5 * time.Second
+	closeWait = time.Second
+)
+
 // regState is one of a hub's registrations.
 type regState struct {
+	doc  string    // its _id: the store's id / kind / the registration's number
 	sent time.Time // when its last successful write was sent
 }
 
@@ -228,10 +271,14 @@ type watchReg struct {
 	id     string
 	closed atomic.Bool // the store is closing: no new registrations
 
-	regMu sync.Mutex           // serialises registrations, subscriptions of new watches and sync
-	reg   map[string]*regState // this store's live registrations by kind
-	drop  map[string]bool      // registrations whose deletion failed (tried again by sync and Close)
-	gapAt time.Time            // when a gap marker is due (zero: none)
+	// regSem (a semaphore of one, so that a Watch waiting for it can give
+	// up with its ctx) guards reg, drop, gapAt and seq. Network I/O under
+	// it: only the registration a Watch writes before subscribing.
+	regSem chan struct{}
+	reg    map[string]*regState // this store's live registrations by kind
+	drop   map[string]bool      // _ids of registrations to delete (tried again by the keeper and Close)
+	gapAt  time.Time            // when a gap marker is due (zero: none)
+	seq    int                  // registrations written so far
 
 	// afterRegister, if set (tests), runs after a registration was
 	// acknowledged and before the watch subscribes.
@@ -239,8 +286,21 @@ type watchReg struct {
 }
 
 func newWatchReg() watchReg {
-	return watchReg{id: fmt.Sprintf("%d-%016x", os.Getpid(), rand.Uint64()), reg: map[string]*regState{}, drop: map[string]bool{}}
+	return watchReg{id: fmt.Sprintf("%d-%016x", os.Getpid(), rand.Uint64()), regSem: make(chan struct{}, 1),
+		reg: map[string]*regState{}, drop: map[string]bool{}}
 }
+
+// lockReg takes regSem, unless ctx ends first.
+func (h *hub) lockReg(ctx context.Context) error {
+	select {
+	case h.regSem <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (h *hub) unlockReg() { <-h.regSem }
 
 // watch registers the store as a watcher of kind, if it is not, and then
 // subscribes. The registration is acknowledged before the watch returns,
@@ -253,18 +313,19 @@ func watch[C any](h *hub, ctx context.Context, kind string, subscribe func(conte
 	if h.closed.Load() {
 		return none, errClosed
 	}
-	if err := ctx.Err(); err != nil {
+	if err := h.lockReg(ctx); err != nil {
 		return none, err
 	}
-	h.regMu.Lock()
-	defer h.regMu.Unlock()
+	defer h.unlockReg()
 	if _, ok := h.reg[kind]; !ok {
-		sent := time.Now()
-		if _, err := h.register(ctx, kind, true); err != nil {
+		h.seq++
+		r := &regState{doc: fmt.Sprintf("%s/%s/%d", h.id, kind, h.seq), sent: time.Now()}
+		if _, err := h.register(ctx, r.doc, kind, true); err != nil {
+			// The write may have reached the server: delete it later.
+			h.drop[r.doc] = true
 			return none, ctxErr(ctx, fmt.Errorf("mongo: registering as a watcher in %s: %w", h.s.names.Events+"_watchers", err))
 		}
-		h.reg[kind] = &regState{sent: sent}
-		delete(h.drop, kind)
+		h.reg[kind] = r
 		h.s.wc.addLocal(kind, 1)
 		h.gapDue()
 		if h.afterRegister != nil {
@@ -274,16 +335,15 @@ func watch[C any](h *hub, ctx context.Context, kind string, subscribe func(conte
 	ch, err := subscribe(ctx)
 	if err != nil && !h.Running() {
 		// No keeper will delete the registration.
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		h.syncLocked(dctx, nil)
-		cancel()
+		h.endUnwatched()
+		h.unregisterDropped(context.WithoutCancel(ctx), closeWait)
 	}
 	return ch, err
 }
 
 // gapDue schedules a gap marker R (and the margin) from now: the events a
 // writer dropped because its read of the registrations predates the one
-// just acknowledged are covered by it. regMu must be held.
+// just acknowledged are covered by it. regSem must be held.
 func (h *hub) gapDue() {
 	at := time.Now().Add(watchersFresh + gapMargin)
 	if at.After(h.gapAt) {
@@ -291,18 +351,18 @@ func (h *hub) gapDue() {
 	}
 }
 
-// register writes the store's registration of kind; it reports whether
-// the document had to be created (a renewal that creates it found it
-// gone: deleted as lapsed by another process). prune also deletes lapsed
+// register writes registration doc of kind; it reports whether the
+// document had to be created (a renewal that creates it found it gone:
+// deleted as lapsed by another process). prune also deletes lapsed
 // registrations of any store (processes that died).
-func (h *hub) register(ctx context.Context, kind string, prune bool) (created bool, err error) {
+func (h *hub) register(ctx context.Context, doc, kind string, prune bool) (created bool, err error) {
 	t := now()
 	if prune {
 		if _, err := h.s.watchers.DeleteMany(ctx, bson.D{{Key: "exp", Value: set("$lt", t.Add(-watcherTTL))}}); err != nil {
 			return false, err
 		}
 	}
-	res, err := h.s.watchers.UpdateOne(ctx, bson.D{{Key: "_id", Value: h.id + "/" + kind}},
+	res, err := h.s.watchers.UpdateOne(ctx, bson.D{{Key: "_id", Value: doc}},
 		bson.D{{Key: "$set", Value: bson.D{{Key: "ns", Value: h.s.prefix}, {Key: "kind", Value: kind}, {Key: "exp", Value: t.Add(watcherTTL)}}}},
 		options.UpdateOne().SetUpsert(true))
 	if err != nil {
@@ -311,10 +371,34 @@ func (h *hub) register(ctx context.Context, kind string, prune bool) (created bo
 	return res.UpsertedCount > 0, nil
 }
 
-// unregister deletes the store's registration of kind.
-func (h *hub) unregister(ctx context.Context, kind string) error {
-	_, err := h.s.watchers.DeleteOne(ctx, bson.D{{Key: "_id", Value: h.id + "/" + kind}})
-	return err
+// endUnwatched ends the registrations of the kinds nobody watches any
+// more: writers of this process stop counting them, and their documents
+// are to be deleted. regSem must be held.
+func (h *hub) endUnwatched() {
+	wantLocks, wantCircs := h.Wants()
+	for kind, r := range h.reg {
+		if kind == kindLock && !wantLocks || kind == kindCircuit && !wantCircs {
+			delete(h.reg, kind)
+			h.s.wc.addLocal(kind, -1)
+			h.drop[r.doc] = true
+		}
+	}
+}
+
+// unregisterDropped deletes the registrations to be deleted, all within
+// wait (a deletion that fails is tried again later; a registration never
+// deleted lapses). regSem must be held.
+func (h *hub) unregisterDropped(ctx context.Context, wait time.Duration) {
+	if len(h.drop) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	for doc := range h.drop {
+		if _, err := h.s.watchers.DeleteOne(ctx, bson.D{{Key: "_id", Value: doc}}); err == nil {
+			delete(h.drop, doc)
+		}
+	}
 }
 
 // keep runs beside the event watcher's loop: it renews the registrations,
@@ -335,72 +419,98 @@ func (h *hub) keep(ctx context.Context, run *eventhub.Run) {
 }
 
 // sync brings the registrations in line with the subscriptions and sends
-// a gap marker to run's subscribers once one is due. It reports false if
-// run is no longer the current watcher.
+// a gap marker to run's subscribers once one is due; it reports false if
+// run is no longer the current watcher. Its network I/O runs without
+// regSem, each request bounded by regIOWait, so a server gone keeps no
+// Watch waiting (it only delays the renewals and deletions).
 func (h *hub) sync(ctx context.Context, run *eventhub.Run) bool {
-	h.regMu.Lock()
-	defer h.regMu.Unlock()
-	return h.syncLocked(ctx, run)
-}
-
-func (h *hub) syncLocked(ctx context.Context, run *eventhub.Run) bool {
-	wantLocks, wantCircs := h.Wants()
-	for kind, r := range h.reg {
-		if kind == kindLock && !wantLocks || kind == kindCircuit && !wantCircs {
-			delete(h.reg, kind)
-			h.s.wc.addLocal(kind, -1)
-			h.drop[kind] = true
-			continue
-		}
-		if time.Since(r.sent) < watcherTTL/3 {
-			continue
-		}
-		sent := time.Now()
-		created, err := h.register(ctx, kind, false)
-		if err != nil {
-			h.s.log.Debug("warden: renewing a watcher registration failed; trying again", "kind", kind, "error", err.Error())
-			continue
-		}
-		if created || sent.Sub(r.sent) > watcherTTL {
-			// The registration was gone, or its renewals failed long
-			// enough that writers may have counted it lapsed: events may
-			// have been dropped until R after now.
-			h.gapDue()
-		}
-		r.sent = sent
+	if h.lockReg(ctx) != nil {
+		return true // ctx ended: the keeper returns
 	}
-	for kind := range h.drop {
-		// Not under ctx's cancellation: the last watch ending is what
-		// cancels the keeper's ctx, often while it is here.
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		if err := h.unregister(dctx, kind); err == nil {
-			delete(h.drop, kind)
-		} // else again at the next sync, or by Close; it lapses anyway
-		cancel()
+	h.endUnwatched()
+	drop := make([]string, 0, len(h.drop))
+	for doc := range h.drop {
+		drop = append(drop, doc)
+	}
+	type renewal struct {
+		kind string
+		r    *regState
+	}
+	var renew []renewal
+	for kind, r := range h.reg {
+		if time.Since(r.sent) >= watcherTTL/3 {
+			renew = append(renew, renewal{kind, r})
+		}
 	}
 	if run != nil && !h.gapAt.IsZero() && !time.Now().Before(h.gapAt) {
-		h.gapAt = time.Time{}
 		if !h.deliver(run, nil, true) {
-			return false
+			h.unlockReg()
+			return false // the marker stays due for the current watcher
 		}
+		h.gapAt = time.Time{}
+	}
+	h.unlockReg()
+
+	for _, doc := range drop {
+		// Not under ctx's cancellation: the last watch ending is what
+		// cancels the keeper's ctx, often while it is here.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), regIOWait)
+		_, err := h.s.watchers.DeleteOne(dctx, bson.D{{Key: "_id", Value: doc}})
+		cancel()
+		if err == nil {
+			h.regSem <- struct{}{}
+			delete(h.drop, doc)
+			h.unlockReg()
+		}
+	}
+	for _, rn := range renew {
+		sent := time.Now()
+		rctx, cancel := context.WithTimeout(ctx, regIOWait)
+		created, err := h.register(rctx, rn.r.doc, rn.kind, false)
+		cancel()
+		if err != nil {
+			h.s.log.Debug("warden: renewing a watcher registration failed; trying again", "kind", rn.kind, "error", err.Error())
+			continue
+		}
+		h.regSem <- struct{}{}
+		if h.reg[rn.kind] != rn.r {
+			// Ended meanwhile: the renewal may have written the document
+			// again after its deletion.
+			h.drop[rn.r.doc] = true
+		} else {
+			if created || sent.Sub(rn.r.sent) > watcherTTL {
+				// The registration was gone, or its renewals failed long
+				// enough that writers may have counted it lapsed: events
+				// may have been dropped until R after now.
+				h.gapDue()
+			}
+			rn.r.sent = sent
+		}
+		h.unlockReg()
 	}
 	return true
 }
 
-// closeRegs deletes what the store's registrations left (after the event
-// watcher ended: the store is closing).
+// endRun runs when the event watcher's loop ended: it ends the
+// registrations nobody watches any more (all of them unless a new watch
+// has started meanwhile), deleting them within closeWait.
+func (h *hub) endRun() {
+	h.regSem <- struct{}{}
+	defer h.unlockReg()
+	h.endUnwatched()
+	h.unregisterDropped(context.Background(), closeWait)
+}
+
+// closeRegs ends what the store's registrations left (after the event
+// watcher ended: the store is closing), deleting them within closeWait.
 func (h *hub) closeRegs() {
-	h.regMu.Lock()
-	defer h.regMu.Unlock()
-	for kind := range h.reg {
+	h.regSem <- struct{}{}
+	defer h.unlockReg()
+	for kind, r := range h.reg {
 		delete(h.reg, kind)
 		h.s.wc.addLocal(kind, -1)
-		h.drop[kind] = true
+		h.drop[r.doc] = true
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for kind := range h.drop {
-		_ = h.unregister(ctx, kind) // a registration left behind lapses
-		delete(h.drop, kind)
-	}
+	h.unregisterDropped(context.Background(), closeWait)
+	clear(h.drop) // a registration left behind lapses
 }

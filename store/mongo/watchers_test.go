@@ -3,14 +3,17 @@ package mongo_test
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
+	"github.com/warden-go/warden/internal/faultproxy"
 	"github.com/warden-go/warden/store/mongo"
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
 )
 
 // gapPair opens, in one fresh namespace, a writer store and a watcher
@@ -265,4 +268,120 @@ func TestWatchEndsRegistration(t *testing.T) {
 	mongo.ExpireWatchCache(writer)
 	cycle(t, writer, "after")
 	<-drops.first
+}
+
+// TestWatchGapMarkerSurvivesStaleKeeper: the keeper of an event watcher
+// that has been replaced (its watch ended and a new one started) may find
+// the gap marker due; the hub refuses its delivery, and the marker stays
+// due for the current watcher, which sends it.
+func TestWatchGapMarkerSurvivesStaleKeeper(t *testing.T) {
+	_, watcher, _, _ := gapPair(t)
+	ch, err := watcher.Driver().(driver.LockNotifier).WatchLocks(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	mongo.StaleKeeperSync(watcher)
+	if e := nextLock(t, ch, "waiting for the gap marker after a stale keeper found it due"); e.Kind != driver.EventsLost {
+		t.Fatalf("event %+v, want the gap marker", e)
+	}
+}
+
+// TestWatchServerGone: with the server unreachable (its connections
+// blackholed, and a server selection that would wait an hour), a Watch of
+// a kind already registered returns at once although the keeper's renewal
+// hangs, a Watch whose ctx ends gives up with it, and Close returns after
+// its bounded attempt to delete the registrations (which then lapse).
+// Without those bounds each of them waits for the hour.
+func TestWatchServerGone(t *testing.T) {
+	u, err := url.Parse(serverURL(t, ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := faultproxy.New(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	co := options.Client().SetHosts([]string{p.Addr()}).SetDirect(true).SetServerSelectionTimeout(time.Hour)
+	st, err := mongo.New(testDB(t, co), &mongo.Options{Prefix: fmt.Sprintf("gone-%d:", time.Now().UnixNano())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := st.Driver()
+	if _, err := d.(driver.LockNotifier).WatchLocks(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancelCircuits := context.WithCancel(t.Context())
+	if _, err := d.(driver.CircuitNotifier).WatchCircuits(cctx); err != nil {
+		t.Fatal(err)
+	}
+	p.Blackhole()
+	cancelCircuits()   // the keeper's deletion of the circuit registration hangs
+	mongo.RenewNow(st) // and so does its renewal of the lock registration
+	within(t, "a second WatchLocks", func() {
+		if _, err := d.(driver.LockNotifier).WatchLocks(t.Context()); err != nil {
+			t.Errorf("WatchLocks of a kind registered, with the server gone: %v", err)
+		}
+	})
+	within(t, "a WatchCircuits whose ctx ends", func() {
+		ctx, cancel := context.WithCancel(t.Context())
+		go cancel()
+		_, err := d.(driver.CircuitNotifier).WatchCircuits(ctx)
+		t.Logf("WatchCircuits: %v", err) // nil if it joined the running watcher before its ctx ended
+	})
+	within(t, "Close", func() { st.Close() })
+}
+
+// within runs f, failing the test if it has not returned shortly before
+// the test's deadline (f is then left running).
+func within(t *testing.T, what string, f func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f()
+	}()
+	var limit <-chan time.Time
+	if d, ok := t.Deadline(); ok {
+		limit = time.After(time.Until(d) * 9 / 10)
+	}
+	select {
+	case <-done:
+	case <-limit:
+		t.Fatalf("%s has not returned", what)
+	}
+}
+
+// TestWatchCancelledLeavesNoRegistration: a Watch whose ctx ends while
+// its registration is on the wire (it may have been written) leaves
+// nothing behind once the store closes.
+func TestWatchCancelledLeavesNoRegistration(t *testing.T) {
+	prefix := fmt.Sprintf("cancelled-%d:", time.Now().UnixNano())
+	st, err := mongo.New(testDB(t, nil), &mongo.Options{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	regs := testDB(t, nil).Collection(mongo.DefaultEventsCollection + "_watchers")
+	failed := 0
+	for i := range 100 {
+		ctx, cancel := context.WithTimeout(t.Context(), time.Duration(200+i*60)*time.Microsecond)
+		ch, err := st.Driver().(driver.LockNotifier).WatchLocks(ctx)
+		if err != nil {
+			failed++
+		}
+		cancel()
+		if ch != nil {
+			for range ch {
+			}
+		}
+	}
+	st.Close()
+	n, err := regs.CountDocuments(context.Background(), bson.D{{Key: "ns", Value: prefix}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d of 100 watches gave up with their ctx", failed)
+	if n != 0 {
+		t.Errorf("%d registrations left after the store closed", n)
+	}
 }
