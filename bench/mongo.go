@@ -30,6 +30,7 @@ const mongoDatabase = "warden_bench"
 func mongoCases(base string) []Case {
 	return []Case{
 		{Group: "mongodb lock cycle", Name: "raw findOneAndUpdate upsert + deleteOne (mongo-driver v2)", Baseline: true, Run: func(b *testing.B) { rawMongoCycle(b, base) }},
+		{Group: "mongodb lock cycle", Name: "raw pair on a kept document shaped as warden's (unique key and key+namespace indexes, purgeAt index; release keeps it, key parked)", Run: func(b *testing.B) { rawMongoShapedCycle(b, base) }},
 		{Group: "mongodb lock cycle", Name: "warden primitives Acquire + Release", Run: func(b *testing.B) { primitiveCycle(b, mongoURL(base)) }},
 		{Group: "mongodb lock cycle", Name: "warden primitives Acquire + Release, events off", Run: func(b *testing.B) { primitiveCycle(b, mongoURL(base)+"&events=false") }},
 		{Group: "mongodb lock cycle", Name: "lock.Locker TryAcquire + Release", Run: func(b *testing.B) { lockerCycle(b, mongoURL(base)) }},
@@ -107,6 +108,59 @@ func rawMongoCycle(b *testing.B, base string) {
 		if err != nil || res.DeletedCount != 1 {
 			b.Fatal("raw release failed: ", err)
 		}
+	}
+}
+
+// rawMongoShapedCycle: the raw pair on a document shaped as warden's lock
+// documents (docs/backends.md): the go-go-scope adapter's unique index on
+// key and warden's on key + namespace, the purgeAt index; the acquire is
+// one findOneAndUpdate with upsert over a free or expired document whose
+// token is lower, writing the same fields; the release keeps the document
+// (its token fences later holders) and parks its key. What is left between
+// this and warden's primitives is warden's own code and concerns.
+func rawMongoShapedCycle(b *testing.B, base string) {
+	ctx := context.Background()
+	c := rawMongoColl(b, base, "bench_raw_locks_shaped")
+	for _, ix := range []mongo.IndexModel{
+		{Keys: bson.D{{Key: "key", Value: 1}, {Key: "namespace", Value: 1}}, Options: options.Index().SetUnique(true)},
+		{Keys: bson.D{{Key: "key", Value: 1}}, Options: options.Index().SetUnique(true)},
+		{Keys: bson.D{{Key: "purgeAt", Value: 1}}},
+	} {
+		if _, err := c.Indexes().CreateOne(ctx, ix); err != nil {
+			b.Fatal(err)
+		}
+	}
+	key := fmt.Sprintf("bench-%d-%d", os.Getpid(), mongoRuns.Add(1))
+	b.Cleanup(func() { c.DeleteOne(ctx, bson.D{{Key: "_id", Value: key}}) })
+	for b.Loop() {
+		now := time.Now().UTC().Truncate(time.Millisecond)
+		token := now.UnixMicro()
+		err := c.FindOneAndUpdate(ctx,
+			bson.D{{Key: "_id", Value: key}, {Key: "token", Value: bson.D{{Key: "$lt", Value: token}}}, {Key: "$or", Value: bson.A{
+				bson.D{{Key: "released", Value: true}},
+				bson.D{{Key: "expiresAt", Value: bson.D{{Key: "$lte", Value: now}}}},
+			}}},
+			bson.D{
+				{Key: "$set", Value: bson.D{{Key: "key", Value: key}, {Key: "owner", Value: "owner"}, {Key: "token", Value: token},
+					{Key: "acquiredAt", Value: now}, {Key: "expiresAt", Value: now.Add(time.Minute)},
+					{Key: "released", Value: false}, {Key: "releasedAt", Value: nil}, {Key: "purgeAt", Value: now.Add(25 * time.Hour)}, {Key: "updatedAt", Value: now}}},
+				{Key: "$setOnInsert", Value: bson.D{{Key: "createdAt", Value: now}, {Key: "namespace", Value: "bench:"}}},
+			},
+			options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.After)).Err()
+		if err != nil {
+			b.Fatal("raw shaped acquire failed: ", err)
+		}
+		res, err := c.UpdateOne(ctx, bson.D{{Key: "_id", Value: key}, {Key: "owner", Value: "owner"}, {Key: "token", Value: token}, {Key: "released", Value: false}},
+			bson.D{
+				{Key: "$set", Value: bson.D{{Key: "key", Value: ":released:" + key}, {Key: "released", Value: true}, {Key: "releasedAt", Value: now},
+					{Key: "purgeAt", Value: now.Add(24 * time.Hour)}, {Key: "updatedAt", Value: now}}},
+				{Key: "$unset", Value: bson.D{{Key: "expiresAt", Value: ""}}},
+			})
+		if err != nil || res.MatchedCount != 1 {
+			b.Fatal("raw shaped release failed: ", err)
+		}
+		for time.Now().UnixMicro() == token {
+		} // the next token must be higher
 	}
 }
 
