@@ -20,8 +20,8 @@ import (
 // "MongoDB: lock events only while watched").
 //
 //   - A store that watches registers in the watchers collection (the
-//     event collection's name + "_watchers"): one document per store and
-//     kind of event ("lock", "circuit"), written before the watch
+//     event collection's name + "_watchers"): one document per store,
+//     kind of event ("lock", "circuit") and registration, written before the watch
 //     subscribes, renewed every watcherTTL/3, deleted when the last watch
 //     of the kind ends or the store closes.
 //   - The event writer of every store learns who watches from a read of
