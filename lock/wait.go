@@ -9,12 +9,13 @@ import (
 
 // Waiting in the store's queue. On a store that queues lock waiters
 // (driver.LockWaiter: MySQL's named locks, SQLite's waiters' table,
-// Redis's queue beside the record), the first waiter of a key in a Locker
-// waits there between two attempts instead of sleeping a back-off: the
-// store wakes it when the holder releases the key (or, on MySQL, its
-// session ends), in the order the waiters of every process queued. The lock record still decides: a waiter whose turn
-// came tries Acquire, and polls as before while the record shows a holder
-// outside the queue.
+// Redis's queue beside the record, DynamoDB's queue in the lock item),
+// the first waiter of a key in a Locker waits there between two attempts
+// instead of sleeping a back-off: the store wakes it when the holder
+// releases the key (or, on MySQL, its session ends), in the order the
+// waiters of every process queued. The lock record still decides: a
+// waiter whose turn came tries Acquire, and polls as before while the
+// record shows a holder outside the queue.
 
 // waitTurn is the wait of a key's first waiter after an attempt that
 // found the key held (rec, the holder's record) on a store with a

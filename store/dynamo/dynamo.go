@@ -52,6 +52,9 @@ const (
 	// expiresAt is the end of its holding, as in the go-go-scope layout,
 	// whose services read it as the lock's expiry.
 	DefaultLockRetention time.Duration = 0
+	// DefaultHandoffPoll is how often the first waiter in a lock's queue
+	// reads the lock item while it waits.
+	DefaultHandoffPoll = 10 * time.Millisecond
 )
 
 // Options configure a DynamoDB store. The zero value (or nil) is ready to
@@ -94,6 +97,19 @@ type Options struct {
 	// released lock as held for the retention. See docs/backends.md for
 	// why the fencing tokens stay monotonic when TTL deletes a record.
 	LockRetention time.Duration
+	// DisableHandoff stops the store from queueing its lock waiters in the
+	// lock item (lock.Locker's waiters then poll, woken by the events
+	// index, and a releaser that asks again at once can take the key back
+	// before them). The zero value queues them: a release hands the key
+	// to the waiter that queued first, across processes. Releases hand
+	// off to the waiters other stores queued either way.
+	DisableHandoff bool
+	// HandoffPoll is how often the first waiter in a lock's queue reads
+	// the lock item (one strongly consistent GetItem) to take a hand-off
+	// sooner than the events index tells it; the other waiters wait for
+	// the events. 0: DefaultHandoffPoll (10 ms): at most 100 reads a
+	// second per lock while someone waits for it.
+	HandoffPoll time.Duration
 }
 
 func init() {
@@ -110,9 +126,11 @@ type store struct {
 	poll      time.Duration
 	lookback  time.Duration
 	retention time.Duration
-	pageLimit int32  // Limit of each Scan/Query page; 0: DynamoDB's 1 MB pages
-	byIndex   bool   // listings Query the list index (else they Scan the table)
-	conns     *conns // the connections of the store's own HTTP client (Open); nil for New's
+	handoff   bool          // WaitLock queues waiters (Options.DisableHandoff)
+	handPoll  time.Duration // Options.HandoffPoll
+	pageLimit int32         // Limit of each Scan/Query page; 0: DynamoDB's 1 MB pages
+	byIndex   bool          // listings Query the list index (else they Scan the table)
+	conns     *conns        // the connections of the store's own HTTP client (Open); nil for New's
 
 	lockPfx, circPfx, cachePfx, idemPfx, cpPfx string
 	lockEvt, circEvt                           string // gpk of each kind's events
@@ -132,6 +150,9 @@ type store struct {
 	hints    atomic.Int64
 
 	hub *hub
+
+	// waits: this store's owners in the lock items' queues (handoff.go).
+	waits waits
 
 	tries int               // tests: attempts of each retry loop before it gives up (0: the loop's default)
 	race  func(site string) // tests: called where a retry loop can lose a race (see raced)
@@ -214,6 +235,8 @@ func parseURL(u *url.URL, base *Options) (*urlConfig, error) {
 	o.EventPoll = q.Duration("event_poll", o.EventPoll)
 	o.EventLookback = q.Duration("event_lookback", o.EventLookback)
 	o.LockRetention = q.Duration("lock_retention", o.LockRetention)
+	o.DisableHandoff = !q.Bool("handoff", !o.DisableHandoff)
+	o.HandoffPoll = q.Duration("handoff_poll", o.HandoffPoll)
 	if err := q.Err(); err != nil {
 		return nil, err
 	}
@@ -317,7 +340,7 @@ func newStore(ctx context.Context, client *dynamodb.Client, table string, opts *
 	if opts.MaxValueBytes < 0 || opts.MaxValueBytes > DefaultMaxValueBytes {
 		return nil, fmt.Errorf("dynamo: MaxValueBytes must be between 0 and %d", DefaultMaxValueBytes)
 	}
-	if opts.EventPoll < 0 || opts.EventLookback < 0 || opts.LockRetention < 0 {
+	if opts.EventPoll < 0 || opts.EventLookback < 0 || opts.LockRetention < 0 || opts.HandoffPoll < 0 {
 		return nil, errors.New("dynamo: negative duration in Options")
 	}
 	p := opts.Prefix
@@ -327,6 +350,8 @@ func newStore(ctx context.Context, client *dynamodb.Client, table string, opts *
 		poll:      or(opts.EventPoll, DefaultEventPoll),
 		lookback:  or(opts.EventLookback, DefaultEventLookback),
 		retention: opts.LockRetention,
+		handoff:   !opts.DisableHandoff,
+		handPoll:  or(opts.HandoffPoll, DefaultHandoffPoll),
 		lockPfx:   "LOCK#" + p + driver.TagLock,
 		circPfx:   "CB#" + p + driver.TagCircuit,
 		cachePfx:  "CACHE#" + p + driver.TagCache,
@@ -413,6 +438,7 @@ func (s *store) Ping(ctx context.Context) error {
 // store outlives it. A client handed to New stays usable, its connections
 // untouched.
 func (s *store) Close() error {
+	s.leaveAll()
 	s.hub.Close()
 	if s.conns != nil {
 		s.conns.close()

@@ -179,7 +179,20 @@ func ccf(err error) (*types.ConditionalCheckFailedException, bool) {
 // returns failed=true with the item as it was when the endpoint returns
 // it (ReturnValuesOnConditionCheckFailure ALL_OLD), else old=nil.
 func (s *store) update(ctx context.Context, op, pk, sk, upd, cond string, vals item, ret types.ReturnValue) (attrs item, failed bool, old item, err error) {
+	return s.updateNames(ctx, op, pk, sk, upd, cond, nil, vals, ret)
+}
+
+// updateNames is update with expression names of the caller's (extra:
+// placeholder → attribute name or map key, for names that are data, such
+// as a waiter's owner in a lock item's queue).
+func (s *store) updateNames(ctx context.Context, op, pk, sk, upd, cond string, extra map[string]string, vals item, ret types.ReturnValue) (attrs item, failed bool, old item, err error) {
 	names, values := exprArgs(vals, upd, cond)
+	if names == nil && len(extra) > 0 {
+		names = map[string]string{}
+	}
+	for n, v := range extra {
+		names[n] = v
+	}
 	in := &dynamodb.UpdateItemInput{
 		TableName:                 &s.table,
 		Key:                       itemKey(pk, sk),

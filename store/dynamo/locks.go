@@ -99,8 +99,36 @@ func acquireForm(f int) (cond, version string) {
 // renewal) gives up with an error saying so (errContended), never with a
 // made-up holder.
 func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (driver.LockRecord, bool, error) {
+	rec, ok, err := l.acquire(ctx, key, owner, ttl)
+	if ok {
+		l.s.acquired(ctx, waitKey{l.s.lockPfx + key, owner})
+	}
+	return rec, ok, err
+}
+
+// acquired ends k's wait once its Acquire holds the key: its place in
+// the item's queue is given up (a hand-off removed it already; otherwise
+// one more UpdateItem, on the contended path only).
+func (s *store) acquired(ctx context.Context, k waitKey) {
+	queued, h, handed := s.dequeue(k)
+	if queued && (!handed || h.entry) {
+		_, _ = s.leavePlace(ctx, k)
+	}
+}
+
+func (l locks) acquire(ctx context.Context, key, owner string, ttl time.Duration) (driver.LockRecord, bool, error) {
 	s := l.s
 	pk := s.lockPfx + key
+	if h, ok := s.takeHanded(waitKey{pk, owner}); ok {
+		// Its WaitLock saw the key handed to owner: take the holding with
+		// owner's TTL, one request. If it lapsed meanwhile, acquire.
+		if r, ok, err := l.Refresh(ctx, key, owner, h.token, ttl); err != nil || ok {
+			if ok {
+				s.setHanded(waitKey{pk, owner}, h) // for acquired: whether the entry went with the hand-off
+			}
+			return r, ok, err
+		}
+	}
 	if s.noAllOld.Load() {
 		// On an endpoint that does not return the item with a failed
 		// condition, a contended attempt costs the update and a read.
@@ -143,6 +171,7 @@ func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 			return driver.LockRecord{}, false, err
 		}
 		if !failed {
+			s.noteQueue(pk, attrs)
 			return lockRec(key, attrs), true, nil
 		}
 		if old == nil {
@@ -215,6 +244,7 @@ func (l locks) Refresh(ctx context.Context, key, owner string, token int64, ttl 
 	if err != nil || failed {
 		return driver.LockRecord{}, false, err
 	}
+	s.noteQueue(s.lockPfx+key, attrs)
 	return lockRec(key, attrs), true, nil
 }
 
@@ -242,12 +272,108 @@ func (s *store) endLock(ctx context.Context, op, key, cond string, vals item) (b
 	return old != nil && gS(old, aReq) == req, nil
 }
 
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 // Release implements driver.Locks: one conditional UpdateItem. The item is
-// kept, marked released.
+// kept, marked released — or, when other owners wait in the item's queue,
+// handed to the one that queued first (handoff.go): it becomes the holder,
+// with the next token and an expiry handGrace away, in the same request.
+// The condition of the plain release requires an empty queue; a release
+// that finds waiters it did not know of reads them from the failed
+// condition's copy of the item (or one GetItem) and writes again.
 func (l locks) Release(ctx context.Context, key, owner string, token int64) (bool, error) {
-	return l.s.endLock(ctx, "releasing lock", key,
-		"#owner = :o AND #version = :t AND attribute_not_exists(#releasedAt)",
-		item{":o": vS(owner), ":t": vN(token)})
+	s := l.s
+	pk := s.lockPfx + key
+	const mine = "#owner = :o AND #version = :t AND attribute_not_exists(#releasedAt)"
+	q := queueOf(s.queueHint(pk))
+	tries := s.attempts(retryLimit)
+	for range tries {
+		t := time.Now()
+		now := t.UnixMilli()
+		req := reqID()
+		vals := item{":o": vS(owner), ":t": vN(token), ":now": vN(now), ":req": vS(req)}
+		names := map[string]string{}
+		next, drop := pickNext(q, owner, now)
+		// The entries this release removes: all of them (the attribute
+		// whole, under a condition on its size, so that an entry written
+		// since the queue was read stays), or those named.
+		all := q != nil && len(drop)+btoi(next != "") == len(q)
+		var upd, cond string
+		remove := func() string {
+			if all {
+				vals[":qn"] = vN(int64(len(q)))
+				cond += " AND size(#waiters) = :qn"
+				return " REMOVE #waiters"
+			}
+			if next != "" {
+				return " REMOVE " + entryNames(append([]string{next}, drop...), names)
+			}
+			return " REMOVE " + entryNames(drop, names)
+		}
+		switch {
+		case next != "":
+			// Hand the key to next: a new holding, token max(t+1, base).
+			exp := now + driver.Millis(handGrace)
+			vals[":n"] = vS(next)
+			vals[":nv"] = vN(max(token+1, driver.TokenBaseMicro(t)))
+			vals[":exp"] = vN(exp)
+			vals[":ttl"] = vN(s.retentionTTL(exp))
+			names["#w0"], names["#u"] = next, "u"
+			cond = mine + " AND #waiters.#w0.#u > :now"
+			upd = "SET #owner = :n, #version = :nv, #acquiredAt = :now, #expiresAtMs = :exp, #expiresAt = :ttl, " +
+				"#updatedAt = :now, #req = :req" + s.evSet(s.lockEvt, now, req, vals) + remove()
+		default:
+			vals[":ttl"] = vN(now/1000 + int64(s.retention/time.Second)) // the go-go-scope layout's expiry: the lock is free from this second
+			upd = "SET #releasedAt = :now, #updatedAt = :now, #expiresAt = :ttl, #req = :req" + s.evSet(s.lockEvt, now, req, vals)
+			if q != nil {
+				// Only the releaser's own and lapsed entries, or an empty
+				// queue: remove them.
+				cond = mine + " AND attribute_exists(#waiters)"
+				upd += remove()
+			} else {
+				// No queue known: the plain release, refused if there is
+				// one. (attribute_not_exists, not size() = 0: the queue
+				// attribute goes once empty, and size() costs dynalite a
+				// third of a millisecond on every release.)
+				cond = mine + " AND attribute_not_exists(#waiters)"
+			}
+		}
+		_, failed, old, err := s.updateNames(ctx, "releasing lock", pk, metaSK, upd, cond, names, vals, types.ReturnValueNone)
+		if err != nil {
+			return false, err
+		}
+		if !failed {
+			s.noteQueue(pk, nil)
+			return true, nil
+		}
+		if old == nil {
+			if old, err = s.get(ctx, "reading lock", pk, metaSK); err != nil {
+				return false, err
+			}
+		}
+		if old == nil {
+			return false, nil
+		}
+		if gS(old, aReq) == req {
+			// The SDK resent a write that had applied.
+			s.noteQueue(pk, nil)
+			return true, nil
+		}
+		if gS(old, aOwner) != owner || gN(old, aVersion) != token || has(old, aRel) {
+			return false, nil // not owner's holding (any more)
+		}
+		// Owner's holding, with another queue than the one guessed.
+		q = queueOf(old)
+		if q == nil && has(old, aWaiters) {
+			q = []entry{} // an empty queue attribute: removed by the next write
+		}
+	}
+	return false, &contendedError{op: "releasing lock", key: key, tries: tries}
 }
 
 // ForceRelease implements driver.Locks: one conditional UpdateItem. A

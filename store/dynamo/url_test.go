@@ -11,7 +11,8 @@ import (
 
 func TestParseURL(t *testing.T) {
 	u, _ := url.Parse("dynamodb://my-table.v2?region=eu-west-1&endpoint=http://127.0.0.1:8000&prefix=billing:" +
-		"&max_value_bytes=1000&auto_create=false&events=false&event_poll=20ms&event_lookback=5s&lock_retention=1h")
+		"&max_value_bytes=1000&auto_create=false&events=false&event_poll=20ms&event_lookback=5s&lock_retention=1h" +
+		"&handoff=false&handoff_poll=25ms")
 	cfg, err := parseURL(u, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -21,13 +22,14 @@ func TestParseURL(t *testing.T) {
 		t.Errorf("config %+v", cfg)
 	}
 	if o.Prefix != "billing:" || o.MaxValueBytes != 1000 || !o.DisableAutoCreate || !o.DisableEvents ||
-		o.EventPoll != 20*time.Millisecond || o.EventLookback != 5*time.Second || o.LockRetention != time.Hour {
+		o.EventPoll != 20*time.Millisecond || o.EventLookback != 5*time.Second || o.LockRetention != time.Hour ||
+		!o.DisableHandoff || o.HandoffPoll != 25*time.Millisecond {
 		t.Errorf("options %+v", o)
 	}
 	u, _ = url.Parse("dynamodb://tbl")
 	cfg, err = parseURL(u, &Options{Prefix: "base:"})
 	if err != nil || cfg.table != "tbl" || cfg.region != "" || cfg.endpoint != "" || cfg.opts.Prefix != "base:" ||
-		cfg.opts.DisableAutoCreate || cfg.opts.DisableEvents {
+		cfg.opts.DisableAutoCreate || cfg.opts.DisableEvents || cfg.opts.DisableHandoff || cfg.opts.HandoffPoll != 0 {
 		t.Errorf("defaults: %+v %v", cfg, err)
 	}
 }
@@ -38,6 +40,8 @@ func TestParseURLErrors(t *testing.T) {
 		"dynamodb://tbl?max_value_bytes=x",
 		"dynamodb://tbl?event_poll=soon",
 		"dynamodb://tbl?auto_create=maybe",
+		"dynamodb://tbl?handoff=maybe",
+		"dynamodb://tbl?handoff_poll=soon",
 		"dynamodb://tbl?endpoint=ftp://x",
 		"dynamodb://tbl?endpoint=127.0.0.1:8000",
 		"dynamodb://a",                          // table name too short
@@ -64,6 +68,9 @@ func TestOpenRefusesBadOptions(t *testing.T) {
 	}
 	if _, err := OpenDriver(ctx, "dynamodb://tbl?endpoint=http://127.0.0.1:1&max_value_bytes=500000", nil); err == nil {
 		t.Error("MaxValueBytes above the item limit accepted")
+	}
+	if _, err := OpenDriver(ctx, "dynamodb://tbl?endpoint=http://127.0.0.1:1&handoff_poll=-1s", nil); err == nil {
+		t.Error("a negative HandoffPoll accepted")
 	}
 	if _, err := OpenDriver(ctx, "::", nil); !errors.Is(err, driver.ErrBadURL) {
 		t.Errorf("unparsable URL: %v", err)

@@ -83,6 +83,7 @@ func (h *hub) loop(ctx context.Context, run *eventhub.Run) {
 		if wantLocks {
 			var its []item
 			if its, err = h.read(ctx, s.lockEvt, since); err == nil {
+				s.noteSeen(its)
 				levs, gap = st.lockEvents(s, its)
 			}
 		}

@@ -1,0 +1,566 @@
+package dynamo
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/warden-go/warden/driver"
+)
+
+// Fair hand-off across processes: waiters queue on the lock item, and a
+// release hands the key to the first of them.
+//
+// Waiters learn of a release through the events index, polled every
+// EventPoll; a releaser that asks again at once reaches the table first,
+// so without more it took the key back again and again (2 processes × 4
+// workers: min/max acquisitions per worker 0.01). So the store keeps a
+// queue in the lock item itself, in a map attribute `waiters`
+// (owner → {a: arrival, u: until}, Unix ms, the client's clock), and
+// implements driver.LockWaiter:
+//
+//   - WaitLock (the lock package's first waiter of a key in a Locker,
+//     after an attempt found the key held) writes owner's entry into the
+//     map — its arrival is the time it first queued, kept while it waits
+//     again — and renews it every turnRenew (an entry lives turnTTL).
+//     It waits, woken by the store's lock events, until the key is handed
+//     to it, is free, or max passed.
+//   - Release, when the map holds live entries of other owners, does not
+//     free the item: in the same one conditional UpdateItem it makes the
+//     entry with the earliest arrival the holder, with the next token and
+//     an expiry handGrace away, and removes that entry. The releaser that
+//     asks again finds the key held and queues behind. The new holder's
+//     Acquire, once its WaitLock saw the hand-off, renews that holding
+//     with its own TTL (one Refresh).
+//   - A waiter that dies keeps its entry at most turnTTL; a holding handed
+//     to it lapses handGrace after the release, and its entry is gone
+//     with the hand-off. A waiter that gives up (LeaveLock) removes its
+//     entry and releases a holding handed to it that its Acquire did not
+//     take, which hands the key on.
+//
+// The item alone decides who holds the lock, as before: a hand-off is one
+// conditional write from one holding to the next, with a greater token;
+// acquire, refresh and the events are unchanged, and an acquire's
+// condition does not read the map (the uncontended acquire costs what it
+// did). The uncontended release is still one UpdateItem: its condition
+// also requires the map to be absent or empty, and a release that finds
+// waiters it did not know of reads them from the failed condition's copy
+// of the item (one GetItem where the endpoint does not return it) and
+// hands off with a second write.
+const (
+	// aWaiters is the lock item's queue: owner → {a, u}.
+	aWaiters = "waiters"
+	// turnTTL is how long a queue entry lives unless renewed.
+	turnTTL = 2 * time.Second
+	// turnRenew is how often a waiting WaitLock renews its entry.
+	turnRenew = turnTTL / 4
+	// handGrace is the expiry of a holding handed to a waiter, from the
+	// release: the longest a waiter that died or stalled after queuing
+	// keeps the others from the key, once.
+	handGrace = 2 * time.Second
+)
+
+// waitKey names one owner waiting for one lock item.
+type waitKey struct{ pk, owner string }
+
+// waits is what a store knows of its owners' places in the lock items'
+// queues, and what its watcher saw of the items they wait for.
+type waits struct {
+	mu sync.Mutex
+	// queued: owners of this store with an entry (or about to write one)
+	// in a lock item's queue, and their arrival (ms).
+	queued map[waitKey]int64
+	// handed: holdings handed to owners of this store that their Acquire
+	// has not taken yet.
+	handed map[waitKey]handedTo
+	// seen: for each lock item a WaitLock of this store waits for, the
+	// last state the watcher read, and how many waits look at it.
+	seen map[string]*seenLock
+	// hints: for lock items this store wrote last with waiters in their
+	// queue, the queue as it was then (a release's first guess).
+	hints map[string]item
+}
+
+// handedTo is a holding handed to a waiter: its token, and whether the
+// waiter's entry may still be in the queue (written again by a renewal
+// that crossed the hand-off).
+type handedTo struct {
+	token int64
+	entry bool
+}
+
+type seenLock struct {
+	refs int
+	st   lockState
+}
+
+// lockState is a lock item's holding as a waiter needs it.
+type lockState struct {
+	known    bool
+	owner    string
+	token    int64
+	released bool
+	exp      int64
+	first    string // the owner of the queue's first live entry, the holder's aside
+}
+
+func lockStateOf(it item) lockState {
+	if it == nil {
+		return lockState{known: true, released: true}
+	}
+	st := lockState{known: true, owner: gS(it, aOwner), token: gN(it, aVersion), released: has(it, aRel), exp: lockExp(it)}
+	now := nowMs()
+	for _, e := range queueOf(it) {
+		if e.owner != st.owner && e.until > now {
+			st.first = e.owner
+			break
+		}
+	}
+	return st
+}
+
+// newer reports whether a is a later state of the item than b.
+func (a lockState) newer(b lockState) bool {
+	switch {
+	case !a.known:
+		return false
+	case !b.known:
+		return true
+	case a.token != b.token:
+		return a.token > b.token
+	}
+	return a.released && !b.released
+}
+
+// live reports whether the holding is live at now (ms).
+func (a lockState) live(now int64) bool { return a.known && !a.released && a.exp > now }
+
+// entry is one waiter's entry in a queue.
+type entry struct {
+	owner   string
+	arrival int64
+	until   int64
+}
+
+// queueOf returns the entries of an item's queue, earliest arrival first
+// (owner breaks ties).
+func queueOf(it item) []entry {
+	m, ok := it[aWaiters].(*types.AttributeValueMemberM)
+	if !ok {
+		return nil
+	}
+	es := make([]entry, 0, len(m.Value))
+	for o, v := range m.Value {
+		e := entry{owner: o}
+		if mv, ok := v.(*types.AttributeValueMemberM); ok {
+			e.arrival, e.until = gN(mv.Value, "a"), gN(mv.Value, "u")
+		}
+		es = append(es, e)
+	}
+	slices.SortFunc(es, func(x, y entry) int {
+		if x.arrival != y.arrival {
+			return int(min(max(x.arrival-y.arrival, -1), 1))
+		}
+		switch {
+		case x.owner < y.owner:
+			return -1
+		case x.owner > y.owner:
+			return 1
+		}
+		return 0
+	})
+	return es
+}
+
+// pickNext chooses, from a queue, the owner a release by owner hands the
+// key to (the live entry of another owner with the earliest arrival; ""
+// for none) and the entries the release removes besides it: owner's own
+// and lapsed ones.
+func pickNext(q []entry, owner string, now int64) (next string, drop []string) {
+	for _, e := range q {
+		switch {
+		case e.owner == owner || e.until <= now:
+			drop = append(drop, e.owner)
+		case next == "":
+			next = e.owner
+		}
+	}
+	return next, drop
+}
+
+// noteQueue remembers the queue of pk's item as a write saw it, for the
+// next release of pk.
+func (s *store) noteQueue(pk string, it item) {
+	_, ok := it[aWaiters].(*types.AttributeValueMemberM)
+	w := &s.waits
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !ok || len(it[aWaiters].(*types.AttributeValueMemberM).Value) == 0 {
+		delete(w.hints, pk)
+		return
+	}
+	if w.hints == nil || len(w.hints) >= maxHints {
+		w.hints = map[string]item{}
+	}
+	w.hints[pk] = item{aWaiters: it[aWaiters]}
+}
+
+func (s *store) queueHint(pk string) item {
+	w := &s.waits
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.hints[pk]
+}
+
+// noteSeen records the lock items the watcher read for the items a
+// WaitLock waits for; it runs before the poll's events are delivered.
+func (s *store) noteSeen(its []item) {
+	w := &s.waits
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.seen) == 0 {
+		return
+	}
+	for _, it := range its {
+		if sl := w.seen[gS(it, aPk)]; sl != nil {
+			if st := lockStateOf(it); st.newer(sl.st) {
+				sl.st = st
+			}
+		}
+	}
+}
+
+// watchSeen starts (d 1) or ends (d -1) a wait's interest in pk's state.
+func (s *store) watchSeen(pk string, d int) {
+	w := &s.waits
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	sl := w.seen[pk]
+	if sl == nil {
+		if d < 0 {
+			return
+		}
+		if w.seen == nil {
+			w.seen = map[string]*seenLock{}
+		}
+		sl = &seenLock{}
+		w.seen[pk] = sl
+	}
+	sl.refs += d
+	if sl.refs <= 0 {
+		delete(w.seen, pk)
+	}
+}
+
+func (s *store) seenState(pk string) lockState {
+	w := &s.waits
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if sl := w.seen[pk]; sl != nil {
+		return sl.st
+	}
+	return lockState{}
+}
+
+// arrival returns k's arrival, recording now as its arrival if it has
+// none: a waiter keeps its place while it waits again.
+func (s *store) arrival(k waitKey) int64 {
+	w := &s.waits
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if a, ok := w.queued[k]; ok {
+		return a
+	}
+	if w.queued == nil {
+		w.queued = map[waitKey]int64{}
+	}
+	a := nowMs()
+	w.queued[k] = a
+	return a
+}
+
+func (s *store) setHanded(k waitKey, h handedTo) {
+	w := &s.waits
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.handed == nil {
+		w.handed = map[waitKey]handedTo{}
+	}
+	w.handed[k] = h
+}
+
+// takeHanded returns the holding handed to k that its Acquire has not
+// taken yet, and forgets it.
+func (s *store) takeHanded(k waitKey) (handedTo, bool) {
+	w := &s.waits
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	t, ok := w.handed[k]
+	delete(w.handed, k)
+	return t, ok
+}
+
+// dequeue forgets k's place and any holding handed to it; it reports
+// whether k was queued or handed a holding.
+func (s *store) dequeue(k waitKey) (queued bool, handed handedTo, wasHanded bool) {
+	w := &s.waits
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	_, queued = w.queued[k]
+	handed, wasHanded = w.handed[k]
+	delete(w.queued, k)
+	delete(w.handed, k)
+	return queued, handed, wasHanded
+}
+
+// entryNames returns the expression names of the queue entries of owners,
+// as #w0, #w1, …, and the paths "#waiters.#wN" joined by commas.
+func entryNames(owners []string, names map[string]string) string {
+	var paths string
+	for i, o := range owners {
+		n := "#w" + strconv.Itoa(i)
+		names[n] = o
+		if i > 0 {
+			paths += ", "
+		}
+		paths += "#waiters." + n
+	}
+	return paths
+}
+
+// keepPlace writes k's entry into the queue of its lock item (creating
+// the queue if the item has none) and returns the item's state. ok is
+// false when there is no item of warden's layout to queue on (absent, or
+// written by a service of the go-go-scope layout): then st is the item
+// read, or unknown.
+func (s *store) keepPlace(ctx context.Context, k waitKey) (st lockState, ok bool, err error) {
+	arr := s.arrival(k)
+	for range 2 {
+		now := nowMs()
+		e := &types.AttributeValueMemberM{Value: item{"a": vN(arr), "u": vN(now + driver.Millis(turnTTL))}}
+		names := map[string]string{"#w0": k.owner}
+		attrs, failed, _, err := s.updateNames(ctx, "waiting for lock", k.pk, metaSK,
+			"SET #waiters.#w0 = :e", "attribute_exists(#waiters)", names, item{":e": e}, types.ReturnValueAllNew)
+		if err != nil {
+			return lockState{}, false, err
+		}
+		if !failed {
+			return lockStateOf(attrs), true, nil
+		}
+		attrs, failed, _, err = s.updateNames(ctx, "waiting for lock", k.pk, metaSK,
+			"SET #waiters = :m", "attribute_not_exists(#waiters) AND attribute_exists(#expiresAtMs)", nil,
+			item{":m": &types.AttributeValueMemberM{Value: item{k.owner: e}}}, types.ReturnValueAllNew)
+		if err != nil {
+			return lockState{}, false, err
+		}
+		if !failed {
+			return lockStateOf(attrs), true, nil
+		}
+		// Either the queue appeared between the two writes (try again), or
+		// there is no item of warden's layout.
+	}
+	it, err := s.get(ctx, "reading lock", k.pk, metaSK)
+	if err != nil {
+		return lockState{}, false, err
+	}
+	if it != nil && has(it, aWaiters) && has(it, aExp) {
+		// The queue appeared under both attempts: nothing decided.
+		key, _ := cutPrefix(k.pk, s.lockPfx)
+		return lockState{}, false, &contendedError{op: "waiting for lock", key: key, tries: 2}
+	}
+	if it == nil {
+		return lockStateOf(nil), false, nil
+	}
+	return lockState{known: true, owner: gS(it, aOwner), token: gN(it, aVersion), released: has(it, aRel) || !lockLive(it, nowMs()), exp: lockExp(it)}, false, nil
+}
+
+// leavePlace removes k's entry from its item's queue and returns the
+// item's state afterwards (unknown if the item has no queue).
+func (s *store) leavePlace(ctx context.Context, k waitKey) (lockState, error) {
+	attrs, failed, _, err := s.updateNames(ctx, "leaving lock queue", k.pk, metaSK,
+		"REMOVE #waiters.#w0", "attribute_exists(#waiters)", map[string]string{"#w0": k.owner}, nil, types.ReturnValueAllNew)
+	if err != nil || failed {
+		return lockState{}, err
+	}
+	return lockStateOf(attrs), nil
+}
+
+// WaitLock implements driver.LockWaiter: owner queues on key's item (or
+// keeps its place) and waits until the key is handed to it or is free, or
+// max passed. The store's lock events wake it; while it is first in the
+// queue it also reads the item every HandoffPoll. It declines (false)
+// when the store does not hand off (DisableHandoff), when the item is
+// one of the go-go-scope layout, when the store's watcher cannot start,
+// or when a request fails.
+func (s notifyStore) WaitLock(ctx context.Context, key, owner string, limit time.Duration) (bool, error) {
+	if !s.handoff {
+		return false, nil
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		limit = min(limit, time.Until(dl))
+	}
+	if limit <= 0 {
+		return ctx.Err() == nil, ctx.Err()
+	}
+	end := time.Now().Add(limit)
+	k := waitKey{s.lockPfx + key, owner}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// Subscribed before the queue entry is written: the hand-off that
+	// follows it is seen.
+	s.watchSeen(k.pk, 1)
+	defer s.watchSeen(k.pk, -1)
+	evs, err := s.hub.WatchLocks(wctx)
+	if err != nil {
+		return false, ctx.Err()
+	}
+	cur, ok, err := s.keepPlace(ctx, k)
+	if err != nil {
+		return false, ctx.Err()
+	}
+	if !ok {
+		s.dequeue(k)
+		// Nothing to queue on: absent or free, try now; a live holding of
+		// the go-go-scope layout: poll.
+		return cur.known && !cur.live(nowMs()), nil
+	}
+	renewed, read := time.Now(), time.Now()
+	entry := true // the last state read came with owner's entry written
+	timer := time.NewTimer(limit)
+	defer timer.Stop()
+	for {
+		if st := s.seenState(k.pk); st.newer(cur) {
+			cur, entry = st, false
+		}
+		now := nowMs()
+		switch {
+		case cur.live(now) && cur.owner == owner:
+			s.setHanded(k, handedTo{cur.token, entry})
+			return true, nil
+		case !cur.live(now):
+			return true, nil
+		}
+		wake := end
+		at := []time.Time{renewed.Add(turnRenew), msTime(cur.exp + 1)}
+		if cur.first == owner {
+			at = append(at, read.Add(s.handPoll))
+		}
+		for _, t := range at {
+			if t.Before(wake) {
+				wake = t
+			}
+		}
+		timer.Reset(max(time.Until(wake), 0))
+		select {
+		case _, open := <-evs:
+			// Any event (EventsLost too: the watcher's states are read all
+			// the same): look at the state the watcher saw.
+			if !open {
+				return false, ctx.Err()
+			}
+			continue
+		case <-timer.C:
+		case <-ctx.Done():
+			return false, ctx.Err()
+		}
+		sent := time.Now()
+		if !sent.Before(end) {
+			return true, nil
+		}
+		if sent.Before(renewed.Add(turnRenew)) && sent.UnixMilli() <= cur.exp && cur.first == owner {
+			// First in the queue: read the item.
+			it, err := s.get(ctx, "reading lock", k.pk, metaSK)
+			if err != nil {
+				return false, ctx.Err()
+			}
+			if st := lockStateOf(it); st.newer(cur) {
+				cur, entry = st, false // a hand-off after the entry was last written removed it
+			} else if !cur.newer(st) {
+				cur = st // the same holding; the queue as it is now
+			}
+			read = sent
+			continue
+		}
+		// Renewal due, or the holding's expiry come (a refresh is not in
+		// the events): write the entry again and read the item's state in
+		// the same request.
+		st, ok, err := s.keepPlace(ctx, k)
+		if err != nil {
+			return false, ctx.Err()
+		}
+		if !ok {
+			s.dequeue(k)
+			return st.known && !st.live(nowMs()), nil
+		}
+		cur, renewed, read, entry = st, sent, sent, true
+	}
+}
+
+// LeaveLock implements driver.LockWaiter: owner's entry leaves key's
+// queue, and a holding handed to owner that its Acquire did not take is
+// released (handing the key on). The requests are bounded by leaveWait.
+func (s *store) LeaveLock(key, owner string) {
+	k := waitKey{s.lockPfx + key, owner}
+	queued, h, handed := s.dequeue(k)
+	if !queued && !handed {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), leaveWait)
+	defer cancel()
+	s.leave(ctx, k, h.token, handed)
+}
+
+// leaveWait bounds the requests of a LeaveLock and of Close's leaving.
+const leaveWait = time.Second
+
+func (s *store) leave(ctx context.Context, k waitKey, token int64, handed bool) {
+	st, err := s.leavePlace(ctx, k)
+	if err != nil {
+		return
+	}
+	if st.live(nowMs()) && st.owner == k.owner {
+		token, handed = st.token, true
+	}
+	if handed {
+		key, _ := cutPrefix(k.pk, s.lockPfx)
+		_, _ = locks{s}.Release(ctx, key, k.owner, token)
+	}
+}
+
+// leaveAll, as the store closes, takes its owners out of the queues and
+// releases holdings handed to them that no Acquire took.
+func (s *store) leaveAll() {
+	w := &s.waits
+	w.mu.Lock()
+	type left struct {
+		k      waitKey
+		token  int64
+		handed bool
+	}
+	var ls []left
+	for k := range w.queued {
+		h, ok := w.handed[k]
+		ls = append(ls, left{k, h.token, ok})
+	}
+	for k, h := range w.handed {
+		if _, ok := w.queued[k]; !ok {
+			ls = append(ls, left{k, h.token, true})
+		}
+	}
+	clear(w.queued)
+	clear(w.handed)
+	w.mu.Unlock()
+	if len(ls) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), leaveWait)
+	defer cancel()
+	for _, l := range ls {
+		s.leave(ctx, l.k, l.token, l.handed)
+	}
+}
+
+var _ driver.LockWaiter = notifyStore{}
