@@ -31,6 +31,7 @@ const dynamoTable = "warden_bench"
 func dynamoCases(ep string) []Case {
 	return []Case{
 		{Group: "dynamodb lock cycle", Name: "raw conditional PutItem + DeleteItem (aws-sdk-go-v2)", Baseline: true, Run: func(b *testing.B) { rawDynamoCycle(b, ep) }},
+		{Group: "dynamodb lock cycle", Name: "raw pair on a kept item shaped as warden's (UpdateItem acquire and release, events index keys)", Run: func(b *testing.B) { rawDynamoShapedCycle(b, ep) }},
 		{Group: "dynamodb lock cycle", Name: "warden primitives Acquire + Release", Run: func(b *testing.B) { primitiveCycle(b, dynamoURL(ep)) }},
 		{Group: "dynamodb lock cycle", Name: "lock.Locker TryAcquire + Release", Run: func(b *testing.B) { lockerCycle(b, dynamoURL(ep)) }},
 		{Group: "dynamodb cache get", Name: "raw consistent GetItem (aws-sdk-go-v2)", Baseline: true, Run: func(b *testing.B) { rawDynamoGet(b, ep) }},
@@ -112,6 +113,73 @@ func rawDynamoCycle(b *testing.B, ep string) {
 		})
 		if err != nil {
 			b.Fatal("raw release failed: ", err)
+		}
+	}
+}
+
+// rawDynamoShapedCycle: the raw pair on an item kept as warden keeps it,
+// for its fencing tokens: an UpdateItem that takes the item when absent,
+// released or expired, writing warden's attributes (owner, version,
+// times, the TTL attribute, request id, the events index keys gpk/gsk and
+// the list index key), then an UpdateItem that marks it released under
+// the owner and version and an empty waiters' queue, also feeding the
+// events index — the expressions
+// warden sends, written here by hand. What it costs above the raw
+// PutItem + DeleteItem is the layout's (a kept item, longer expressions,
+// an index entry rewritten by each write), not warden's code.
+func rawDynamoShapedCycle(b *testing.B, ep string) {
+	c := rawDynamo(b, ep)
+	ctx := context.Background()
+	run := dynamoRuns.Add(1)
+	pk := fmt.Sprintf("LOCK#shaped%d-%d:lock:k", os.Getpid(), run)
+	key := map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: pk}, "sk": &types.AttributeValueMemberS{Value: "METADATA"}}
+	b.Cleanup(func() { c.DeleteItem(ctx, &dynamodb.DeleteItemInput{TableName: aws.String(dynamoTable), Key: key}) })
+	n := func(v int64) types.AttributeValue {
+		return &types.AttributeValueMemberN{Value: strconv.FormatInt(v, 10)}
+	}
+	str := func(v string) types.AttributeValue { return &types.AttributeValueMemberS{Value: v} }
+	names := func(ns ...string) map[string]string {
+		m := map[string]string{}
+		for _, x := range ns {
+			m["#"+x] = x
+		}
+		return m
+	}
+	var seq int64
+	for b.Loop() {
+		t := time.Now()
+		now := t.UnixMilli()
+		seq++
+		base := now*4096 + int64(t.Nanosecond()/1000%1000)*4096/1000
+		_, err := c.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+			TableName: aws.String(dynamoTable), Key: key,
+			UpdateExpression: aws.String("SET #owner = :o, #version = :base1, #acquiredAt = :now, #expiresAtMs = :exp, #expiresAt = :ttl, " +
+				"#updatedAt = :now, #req = :req, #lpk = :lpk, #gpk = :gpk, #gsk = :gsk REMOVE #releasedAt"),
+			ConditionExpression: aws.String("(attribute_not_exists(#pk) OR attribute_exists(#releasedAt) OR #expiresAtMs <= :now) AND " +
+				"(attribute_not_exists(#version) OR #version < :base1)"),
+			ExpressionAttributeNames: names("owner", "version", "acquiredAt", "expiresAtMs", "expiresAt", "updatedAt", "req", "lpk", "gpk", "gsk", "releasedAt", "pk"),
+			ExpressionAttributeValues: map[string]types.AttributeValue{":o": str("owner"), ":base1": n(base), ":now": n(now), ":exp": n(now + 60_000),
+				":ttl": n(now/1000 + 61), ":req": str(fmt.Sprintf("%016x", seq)), ":lpk": str(fmt.Sprintf("LOCK#shaped%d-%d:lock:", os.Getpid(), run)),
+				":gpk": str(fmt.Sprintf("EVT#shaped%d-%d:lock:", os.Getpid(), run)), ":gsk": str(fmt.Sprintf("%015d#%016x#a%016x", now, seq, seq))},
+			ReturnValues:                        types.ReturnValueAllNew,
+			ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+		})
+		if err != nil {
+			b.Fatal("raw shaped acquire failed: ", err)
+		}
+		now = time.Now().UnixMilli()
+		_, err = c.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+			TableName: aws.String(dynamoTable), Key: key,
+			UpdateExpression:         aws.String("SET #releasedAt = :now, #updatedAt = :now, #expiresAt = :ttl, #req = :req, #gpk = :gpk, #gsk = :gsk"),
+			ConditionExpression:      aws.String("#owner = :o AND #version = :t AND attribute_not_exists(#releasedAt) AND attribute_not_exists(#waiters)"),
+			ExpressionAttributeNames: names("releasedAt", "updatedAt", "expiresAt", "req", "gpk", "gsk", "owner", "version", "waiters"),
+			ExpressionAttributeValues: map[string]types.AttributeValue{":o": str("owner"), ":t": n(base), ":now": n(now), ":ttl": n(now / 1000),
+				":req": str(fmt.Sprintf("%016xr", seq)), ":gpk": str(fmt.Sprintf("EVT#shaped%d-%d:lock:", os.Getpid(), run)),
+				":gsk": str(fmt.Sprintf("%015d#%016x#r%016x", now, seq, seq))},
+			ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+		})
+		if err != nil {
+			b.Fatal("raw shaped release failed: ", err)
 		}
 	}
 }

@@ -33,7 +33,7 @@ func fairnessCases() []Case {
 		stores = append(stores, st{"mongodb (capped collection, tailable cursor)", func(*testing.B) string { return mongoURL(u) }})
 	}
 	if u := os.Getenv(dynamoEnv); u != "" {
-		stores = append(stores, st{"dynamodb (events index polled)", func(*testing.B) string { return dynamoURL(u) }})
+		stores = append(stores, st{"dynamodb (queue in the lock item, events index polled)", func(*testing.B) string { return dynamoURL(u) }})
 	}
 	var cases []Case
 	for _, s := range stores {

@@ -1,13 +1,16 @@
 package dynamo
 
 import (
+	"cmp"
 	"context"
+	"fmt"
 	"slices"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
 )
 
@@ -82,6 +85,9 @@ type waits struct {
 	// hints: for lock items this store wrote last with waiters in their
 	// queue, the queue as it was then (a release's first guess).
 	hints map[string]item
+	// noQueue: lock items held by a service of the go-go-scope layout,
+	// which take no queue, until the holding's expiry (ms).
+	noQueue map[string]int64
 }
 
 // handedTo is a holding handed to a waiter: its token, and whether the
@@ -113,7 +119,8 @@ func lockStateOf(it item) lockState {
 	}
 	st := lockState{known: true, owner: gS(it, aOwner), token: gN(it, aVersion), released: has(it, aRel), exp: lockExp(it)}
 	now := nowMs()
-	for _, e := range queueOf(it) {
+	q, _ := queueOf(it)
+	for _, e := range q {
 		if e.owner != st.owner && e.until > now {
 			st.first = e.owner
 			break
@@ -146,33 +153,29 @@ type entry struct {
 }
 
 // queueOf returns the entries of an item's queue, earliest arrival first
-// (owner breaks ties).
-func queueOf(it item) []entry {
-	m, ok := it[aWaiters].(*types.AttributeValueMemberM)
+// (owner breaks ties); other reports a waiters attribute that is not a
+// map (written by another program: a release removes it).
+func queueOf(it item) (q []entry, other bool) {
+	v, present := it[aWaiters]
+	m, ok := v.(*types.AttributeValueMemberM)
 	if !ok {
-		return nil
+		return nil, present
 	}
-	es := make([]entry, 0, len(m.Value))
+	q = make([]entry, 0, len(m.Value))
 	for o, v := range m.Value {
 		e := entry{owner: o}
 		if mv, ok := v.(*types.AttributeValueMemberM); ok {
 			e.arrival, e.until = gN(mv.Value, "a"), gN(mv.Value, "u")
 		}
-		es = append(es, e)
+		q = append(q, e)
 	}
-	slices.SortFunc(es, func(x, y entry) int {
-		if x.arrival != y.arrival {
-			return int(min(max(x.arrival-y.arrival, -1), 1))
+	slices.SortFunc(q, func(x, y entry) int {
+		if c := cmp.Compare(x.arrival, y.arrival); c != 0 {
+			return c
 		}
-		switch {
-		case x.owner < y.owner:
-			return -1
-		case x.owner > y.owner:
-			return 1
-		}
-		return 0
+		return cmp.Compare(x.owner, y.owner)
 	})
-	return es
+	return q, false
 }
 
 // pickNext chooses, from a queue, the owner a release by owner hands the
@@ -334,47 +337,71 @@ func entryNames(owners []string, names map[string]string) string {
 // keepPlace writes k's entry into the queue of its lock item (creating
 // the queue if the item has none) and returns the item's state. ok is
 // false when there is no item of warden's layout to queue on (absent, or
-// written by a service of the go-go-scope layout): then st is the item
-// read, or unknown.
+// written by a service of the go-go-scope layout, or with a waiters
+// attribute of another program's): then st is the item read, or unknown.
 func (s *store) keepPlace(ctx context.Context, k waitKey) (st lockState, ok bool, err error) {
 	arr := s.arrival(k)
-	for range 2 {
-		now := nowMs()
-		e := &types.AttributeValueMemberM{Value: item{"a": vN(arr), "u": vN(now + driver.Millis(turnTTL))}}
-		names := map[string]string{"#w0": k.owner}
-		attrs, failed, _, err := s.updateNames(ctx, "waiting for lock", k.pk, metaSK,
-			"SET #waiters.#w0 = :e", "attribute_exists(#waiters)", names, item{":e": e}, types.ReturnValueAllNew)
-		if err != nil {
-			return lockState{}, false, err
-		}
-		if !failed {
-			return lockStateOf(attrs), true, nil
-		}
-		attrs, failed, _, err = s.updateNames(ctx, "waiting for lock", k.pk, metaSK,
-			"SET #waiters = :m", "attribute_not_exists(#waiters) AND attribute_exists(#expiresAtMs)", nil,
-			item{":m": &types.AttributeValueMemberM{Value: item{k.owner: e}}}, types.ReturnValueAllNew)
-		if err != nil {
-			return lockState{}, false, err
-		}
-		if !failed {
-			return lockStateOf(attrs), true, nil
-		}
-		// Either the queue appeared between the two writes (try again), or
-		// there is no item of warden's layout.
+	entry := func() types.AttributeValue {
+		return &types.AttributeValueMemberM{Value: item{"a": vN(arr), "u": vN(nowMs() + driver.Millis(turnTTL))}}
 	}
+	join := func() (item, bool, error) {
+		attrs, failed, _, err := s.updateNames(ctx, "waiting for lock", k.pk, metaSK,
+			"SET #waiters.#w0 = :e", "attribute_exists(#waiters)", map[string]string{"#w0": k.owner}, item{":e": entry()}, types.ReturnValueAllNew)
+		return attrs, !failed, err
+	}
+	attrs, ok, err := join()
+	if err != nil || ok {
+		return lockStateOf(attrs), ok, err
+	}
+	attrs, failed, _, err := s.updateNames(ctx, "waiting for lock", k.pk, metaSK,
+		"SET #waiters = :m", "attribute_not_exists(#waiters) AND attribute_exists(#expiresAtMs)", nil,
+		item{":m": &types.AttributeValueMemberM{Value: item{k.owner: entry()}}}, types.ReturnValueAllNew)
+	if err != nil || !failed {
+		return lockStateOf(attrs), !failed, err
+	}
+	// No queue to join and none created: the item is absent or not of
+	// warden's layout — or the queue appeared between the two writes.
 	it, err := s.get(ctx, "reading lock", k.pk, metaSK)
 	if err != nil {
 		return lockState{}, false, err
 	}
-	if it != nil && has(it, aWaiters) && has(it, aExp) {
-		// The queue appeared under both attempts: nothing decided.
+	if _, ok := it[aWaiters].(*types.AttributeValueMemberM); ok && has(it, aExp) {
+		attrs, ok, err := join()
+		if err != nil || ok {
+			return lockStateOf(attrs), ok, err
+		}
 		key, _ := cutPrefix(k.pk, s.lockPfx)
-		return lockState{}, false, &contendedError{op: "waiting for lock", key: key, tries: 2}
+		return lockState{}, false, &contendedError{op: "waiting for lock", key: key, tries: 3}
 	}
 	if it == nil {
 		return lockStateOf(nil), false, nil
 	}
-	return lockState{known: true, owner: gS(it, aOwner), token: gN(it, aVersion), released: has(it, aRel) || !lockLive(it, nowMs()), exp: lockExp(it)}, false, nil
+	st = lockState{known: true, owner: gS(it, aOwner), token: gN(it, aVersion), released: has(it, aRel), exp: lockExp(it)}
+	if st.live(nowMs()) && !has(it, aExp) {
+		// A holding of the go-go-scope layout: do not try again before it
+		// ends.
+		s.hintNoQueue(k.pk, st.exp)
+	}
+	return st, false, nil
+}
+
+// hintNoQueue remembers that pk's item cannot take a queue until exp
+// (ms): its WaitLocks decline without a request until then.
+func (s *store) hintNoQueue(pk string, exp int64) {
+	w := &s.waits
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.noQueue == nil || len(w.noQueue) >= maxHints {
+		w.noQueue = map[string]int64{}
+	}
+	w.noQueue[pk] = exp
+}
+
+func (s *store) noQueueUntil(pk string) int64 {
+	w := &s.waits
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.noQueue[pk]
 }
 
 // leavePlace removes k's entry from its item's queue and returns the
@@ -385,6 +412,7 @@ func (s *store) leavePlace(ctx context.Context, k waitKey) (lockState, error) {
 	if err != nil || failed {
 		return lockState{}, err
 	}
+	s.noteQueue(k.pk, attrs)
 	return lockStateOf(attrs), nil
 }
 
@@ -398,6 +426,14 @@ func (s *store) leavePlace(ctx context.Context, k waitKey) (lockState, error) {
 func (s notifyStore) WaitLock(ctx context.Context, key, owner string, limit time.Duration) (bool, error) {
 	if !s.handoff {
 		return false, nil
+	}
+	for _, v := range []struct{ what, s string }{{"key", key}, {"owner", owner}} {
+		if err := warden.ValidateKey(v.s); err != nil {
+			return false, fmt.Errorf("dynamo: waiting for lock: %s: %w", v.what, err)
+		}
+	}
+	if nowMs() < s.noQueueUntil(s.lockPfx+key) {
+		return false, nil // held by a service of the go-go-scope layout: poll
 	}
 	if dl, ok := ctx.Deadline(); ok {
 		limit = min(limit, time.Until(dl))
@@ -525,8 +561,10 @@ func (s *store) leave(ctx context.Context, k waitKey, token int64, handed bool) 
 		token, handed = st.token, true
 	}
 	if handed {
+		// Only a holding no Acquire or Refresh took (its handoff mark):
+		// never a lease, whichever call of this owner took it.
 		key, _ := cutPrefix(k.pk, s.lockPfx)
-		_, _ = locks{s}.Release(ctx, key, k.owner, token)
+		_, _ = s.release(ctx, key, k.owner, token, true)
 	}
 }
 

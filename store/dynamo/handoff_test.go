@@ -643,3 +643,162 @@ func TestHandoffDisabled(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestHandoffLeaveKeepsLease: a Locker's waiting Acquire is handed the key,
+// but a TryAcquire of the same Locker takes the holding first (as a
+// re-entrant acquire: a lease); the waiting Acquire's store wait then sees
+// the key "handed" to its owner. When that Acquire gives up, its
+// LeaveLock must not release the lease: it releases only a holding that
+// no Acquire or Refresh took (the handoff mark). Before, the lease's key
+// was released behind it and another Locker took it.
+func TestHandoffLeaveKeepsLease(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	table := testTable(t)
+	// Waits that notice a hand-off only at their renewal (500 ms): the
+	// TryAcquire comes first.
+	slow, err := dynamo.New(newClient(t), table, &dynamo.Options{Prefix: "h:", EventPoll: time.Hour, HandoffPoll: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { slow.Close() })
+	a := handoffLocker(t, slow)
+	b := handoffLocker(t, handoffStore(t, table))
+	held, err := b.Acquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	actx, acancel := context.WithCancel(ctx)
+	defer acancel()
+	waiting := acquireAsync(actx, a, "k")
+	waitUntil(t, ctx, "A to queue", func() bool {
+		q := queued(t, table, "k")
+		return len(q) == 1 && q[0] == a.Owner()
+	})
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if o := strAttr(readLockItem(t, table, "k"), "owner"); o != a.Owner() {
+		t.Fatalf("key handed to %q, want A", o)
+	}
+	lease, err := a.TryAcquire(ctx, "k")
+	if err != nil {
+		t.Fatalf("A's TryAcquire of the key handed to A: %v", err)
+	}
+	// A's wait renews its entry (its owner holds the key now) ...
+	waitUntil(t, ctx, "A's wait to renew its entry", func() bool { return len(queued(t, table, "k")) == 1 })
+	// ... and gives up.
+	acancel()
+	if r := <-waiting; r.err == nil {
+		r.lease.Release(ctx)
+		t.Fatal("the waiting Acquire got a second lease of a key its Locker holds")
+	}
+	it := readLockItem(t, table, "k")
+	if _, released := it["releasedAt"]; released || strAttr(it, "owner") != a.Owner() || numAttr(it, "version") != lease.Token() {
+		t.Fatalf("after the waiting Acquire gave up, the item is owner %q token %d released %v; want A's lease (token %d) intact",
+			strAttr(it, "owner"), numAttr(it, "version"), released, lease.Token())
+	}
+	if other, err := b.TryAcquire(ctx, "k"); err == nil {
+		other.Release(ctx)
+		t.Fatal("B took the key while A's lease is live")
+	} else if !errors.Is(err, lock.ErrLocked) {
+		t.Fatal(err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestHandoffForeignWaitersAttribute: a waiters attribute of another type,
+// written by another program, does not stop a release (before: every
+// release gave up with an error blaming a race): the release frees the
+// key and removes the attribute. A wait on such an item declines.
+func TestHandoffForeignWaitersAttribute(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	table := testTable(t)
+	st := handoffStore(t, table)
+	c := newClient(t)
+	for name, v := range map[string]types.AttributeValue{
+		"string": nS("junk"), "number": nN(7), "list": &types.AttributeValueMemberL{Value: []types.AttributeValue{nS("x")}},
+		"null": &types.AttributeValueMemberNULL{Value: true},
+	} {
+		rec, ok, err := st.Locks().Acquire(ctx, "k", "holder", time.Minute)
+		if err != nil || !ok {
+			t.Fatal(name, ok, err)
+		}
+		if _, err := c.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+			TableName: &table, Key: map[string]types.AttributeValue{"pk": nS("LOCK#h:lock:k"), "sk": nS("METADATA")},
+			UpdateExpression:          aws.String("SET #w = :v"),
+			ExpressionAttributeNames:  map[string]string{"#w": "waiters"},
+			ExpressionAttributeValues: map[string]types.AttributeValue{":v": v},
+		}); err != nil {
+			t.Fatal(err)
+		}
+		again, err := st.Driver().(driver.LockWaiter).WaitLock(ctx, "k", "waiter", time.Minute)
+		if err != nil || again {
+			t.Errorf("%s: WaitLock on an item with a foreign waiters attribute: %v, %v; want it to decline", name, again, err)
+		}
+		if ok, err := st.Locks().Release(ctx, "k", "holder", rec.Token); err != nil || !ok {
+			t.Fatalf("%s: release with a foreign waiters attribute: %v, %v", name, ok, err)
+		}
+		it := readLockItem(t, table, "k")
+		if _, released := it["releasedAt"]; !released {
+			t.Errorf("%s: not released", name)
+		}
+		if _, left := it["waiters"]; left {
+			t.Errorf("%s: the foreign waiters attribute is still there", name)
+		}
+	}
+}
+
+// TestHandoffWaitBadInput: WaitLock refuses an owner or key the store's
+// lock operations refuse, with ErrInvalidKey, before queueing (before, a
+// release handed the key to an owner whose Acquire was then refused).
+func TestHandoffWaitBadInput(t *testing.T) {
+	table := testTable(t)
+	w := handoffStore(t, table).Driver().(driver.LockWaiter)
+	for _, c := range []struct{ key, owner string }{
+		{"k", "a\x00b"}, {"k", strings.Repeat("o", 2000)}, {"k", ""}, {"", "o"}, {strings.Repeat("k", 600), "o"},
+	} {
+		again, err := w.WaitLock(t.Context(), c.key, c.owner, time.Second)
+		if again || !errors.Is(err, warden.ErrInvalidKey) {
+			t.Errorf("WaitLock(%.20q, %.20q) = %v, %v; want ErrInvalidKey", c.key, c.owner, again, err)
+		}
+	}
+	if q := queued(t, table, "k"); len(q) != 0 {
+		t.Errorf("queue %v", q)
+	}
+}
+
+// TestHandoffNodeItemDeclines: an item of the go-go-scope layout (no
+// expiresAtMs) takes no queue: WaitLock declines, and while that holding
+// lasts later waits decline without a request (before: five requests per
+// wait, each of the lock package's retries).
+func TestHandoffNodeItemDeclines(t *testing.T) {
+	ctx := t.Context()
+	table := testTable(t)
+	var n atomic.Int64 // UpdateItem and GetItem requests (the watcher's Queries aside)
+	st := handoffStore(t, table, countOp("UpdateItem", &n), countOp("GetItem", &n))
+	_, err := newClient(t).PutItem(ctx, &dynamodb.PutItemInput{TableName: &table, Item: map[string]types.AttributeValue{
+		"pk": nS("LOCK#h:lock:k"), "sk": nS("METADATA"), "owner": nS("node"), "version": nN(1),
+		"expiresAt": nN(time.Now().Add(time.Hour).Unix()),
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := st.Driver().(driver.LockWaiter)
+	for i, want := range []int64{3, 0} {
+		n.Store(0)
+		again, err := w.WaitLock(ctx, "k", "waiter", time.Minute)
+		if err != nil || again {
+			t.Fatalf("wait %d on a go-go-scope holding: %v, %v; want it to decline", i, again, err)
+		}
+		if got := n.Load(); got > want {
+			t.Errorf("wait %d on a go-go-scope holding: %d requests, want at most %d", i, got, want)
+		}
+	}
+	if _, ok := readLockItem(t, table, "k")["waiters"]; ok {
+		t.Error("a queue was written into a go-go-scope item")
+	}
+}

@@ -34,6 +34,7 @@ const (
 	aRel        = "releasedAt"
 	aUpd        = "updatedAt"
 	aReq        = "req"
+	aHandoff    = "handoff" // lock items: set by a release that handed the key to a waiter, until a refresh or acquire takes it
 	aState      = "state"
 	aFail       = "failures"
 	aLastF      = "lastFailure"

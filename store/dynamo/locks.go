@@ -165,7 +165,7 @@ func (l locks) acquire(ctx context.Context, key, owner string, ttl time.Duration
 			":base1": vN(base), ":one": vN(1), ":req": vS(req)}
 		cond, version := acquireForm(form)
 		upd := "SET #owner = :o, #version = " + version + ", #acquiredAt = :now, #expiresAtMs = :exp, " +
-			"#expiresAt = :ttl, #updatedAt = :now, #req = :req" + lpkSet(s.lockPfx, vals) + s.evSet(s.lockEvt, now, req, vals) + " REMOVE #releasedAt"
+			"#expiresAt = :ttl, #updatedAt = :now, #req = :req" + lpkSet(s.lockPfx, vals) + s.evSet(s.lockEvt, now, req, vals) + " REMOVE #releasedAt, #handoff"
 		attrs, failed, old, err := s.update(ctx, "acquiring lock", pk, metaSK, upd, cond, vals, types.ReturnValueAllNew)
 		if err != nil {
 			return driver.LockRecord{}, false, err
@@ -238,7 +238,7 @@ func (l locks) Refresh(ctx context.Context, key, owner string, token int64, ttl 
 	exp := now + driver.Millis(ttl)
 	vals := item{":o": vS(owner), ":t": vN(token), ":now": vN(now), ":exp": vN(exp), ":ttl": vN(s.retentionTTL(exp))}
 	attrs, failed, _, err := s.update(ctx, "refreshing lock", s.lockPfx+key, metaSK,
-		"SET #expiresAtMs = :exp, #expiresAt = :ttl, #updatedAt = :now",
+		"SET #expiresAtMs = :exp, #expiresAt = :ttl, #updatedAt = :now REMOVE #handoff",
 		"#owner = :o AND #version = :t AND attribute_not_exists(#releasedAt) AND #expiresAtMs > :now",
 		vals, types.ReturnValueAllNew)
 	if err != nil || failed {
@@ -287,10 +287,19 @@ func btoi(b bool) int {
 // that finds waiters it did not know of reads them from the failed
 // condition's copy of the item (or one GetItem) and writes again.
 func (l locks) Release(ctx context.Context, key, owner string, token int64) (bool, error) {
-	s := l.s
+	return l.s.release(ctx, key, owner, token, false)
+}
+
+// release is Release; with untaken, only a holding handed to owner that
+// no Acquire or Refresh took yet (the item's handoff attribute) is
+// released: what a waiter that gives up releases, never a lease.
+func (s *store) release(ctx context.Context, key, owner string, token int64, untaken bool) (bool, error) {
 	pk := s.lockPfx + key
-	const mine = "#owner = :o AND #version = :t AND attribute_not_exists(#releasedAt)"
-	q := queueOf(s.queueHint(pk))
+	mine := "#owner = :o AND #version = :t AND attribute_not_exists(#releasedAt)"
+	if untaken {
+		mine += " AND attribute_exists(#handoff)"
+	}
+	q, other := queueOf(s.queueHint(pk))
 	tries := s.attempts(retryLimit)
 	for range tries {
 		t := time.Now()
@@ -299,6 +308,12 @@ func (l locks) Release(ctx context.Context, key, owner string, token int64) (boo
 		vals := item{":o": vS(owner), ":t": vN(token), ":now": vN(now), ":req": vS(req)}
 		names := map[string]string{}
 		next, drop := pickNext(q, owner, now)
+		if other {
+			// A waiters attribute of another type, written by another
+			// program: the plain release removes it (a map written since
+			// the read stays).
+			q, next, drop = nil, "", nil
+		}
 		// The entries this release removes: all of them (the attribute
 		// whole, under a condition on its size, so that an entry written
 		// since the queue was read stays), or those named.
@@ -326,11 +341,15 @@ func (l locks) Release(ctx context.Context, key, owner string, token int64) (boo
 			names["#w0"], names["#u"] = next, "u"
 			cond = mine + " AND #waiters.#w0.#u > :now"
 			upd = "SET #owner = :n, #version = :nv, #acquiredAt = :now, #expiresAtMs = :exp, #expiresAt = :ttl, " +
-				"#updatedAt = :now, #req = :req" + s.evSet(s.lockEvt, now, req, vals) + remove()
+				"#updatedAt = :now, #req = :req, #handoff = :now" + s.evSet(s.lockEvt, now, req, vals) + remove()
 		default:
 			vals[":ttl"] = vN(now/1000 + int64(s.retention/time.Second)) // the go-go-scope layout's expiry: the lock is free from this second
 			upd = "SET #releasedAt = :now, #updatedAt = :now, #expiresAt = :ttl, #req = :req" + s.evSet(s.lockEvt, now, req, vals)
-			if q != nil {
+			if other {
+				vals[":M"] = vS("M")
+				cond = mine + " AND attribute_exists(#waiters) AND NOT attribute_type(#waiters, :M)"
+				upd += " REMOVE #waiters"
+			} else if q != nil {
 				// Only the releaser's own and lapsed entries, or an empty
 				// queue: remove them.
 				cond = mine + " AND attribute_exists(#waiters)"
@@ -364,14 +383,11 @@ func (l locks) Release(ctx context.Context, key, owner string, token int64) (boo
 			s.noteQueue(pk, nil)
 			return true, nil
 		}
-		if gS(old, aOwner) != owner || gN(old, aVersion) != token || has(old, aRel) {
-			return false, nil // not owner's holding (any more)
+		if gS(old, aOwner) != owner || gN(old, aVersion) != token || has(old, aRel) || (untaken && !has(old, aHandoff)) {
+			return false, nil // not owner's holding (any more), or taken
 		}
 		// Owner's holding, with another queue than the one guessed.
-		q = queueOf(old)
-		if q == nil && has(old, aWaiters) {
-			q = []entry{} // an empty queue attribute: removed by the next write
-		}
+		q, other = queueOf(old)
 	}
 	return false, &contendedError{op: "releasing lock", key: key, tries: tries}
 }
