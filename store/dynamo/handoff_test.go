@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -22,6 +21,7 @@ import (
 	"github.com/aws/smithy-go/middleware"
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
+	"github.com/warden-go/warden/internal/fairtest"
 	"github.com/warden-go/warden/internal/testkit"
 	"github.com/warden-go/warden/lock"
 	"github.com/warden-go/warden/store/dynamo"
@@ -100,58 +100,19 @@ func runHandoffChild(js string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	res := testkit.FairResult{Counts: make([]int, cfg.Workers)}
-	var mu sync.Mutex
-	fail := func(err error) {
-		mu.Lock()
-		defer mu.Unlock()
-		if res.Err == "" {
-			res.Err = err.Error()
-		}
-	}
-	var wg sync.WaitGroup
-	for w, l := range lockers {
-		wg.Go(func() {
-			for ctx.Err() == nil {
-				lease, err := l.Acquire(ctx, "fair")
-				if err != nil {
-					fail(err)
-					return
-				}
-				// Under the lock: one holder at a time bumps the counter,
-				// and holds the key 1 ms (the bench's fairness scenario).
-				var n int64
-				out, err := c.UpdateItem(ctx, &dynamodb.UpdateItemInput{
-					TableName: &cfg.Table, Key: counterKey(cfg.Prefix),
-					UpdateExpression:          aws.String("ADD #n :one"),
-					ExpressionAttributeNames:  map[string]string{"#n": "n"},
-					ExpressionAttributeValues: map[string]types.AttributeValue{":one": nN(1)},
-					ReturnValues:              types.ReturnValueUpdatedNew,
-				})
-				if err == nil {
-					n, err = strconv.ParseInt(out.Attributes["n"].(*types.AttributeValueMemberN).Value, 10, 64)
-				}
-				time.Sleep(time.Millisecond)
-				if err == nil && n <= int64(cfg.Total) {
-					mu.Lock()
-					res.Counts[w]++
-					res.Turns = append(res.Turns, [2]int64{n, lease.Token()})
-					mu.Unlock()
-				}
-				if rerr := lease.Release(ctx); err == nil {
-					err = rerr
-				}
-				if err != nil {
-					fail(err)
-					return
-				}
-				if n >= int64(cfg.Total) {
-					return
-				}
-			}
+	res := fairtest.Run(ctx, lockers, "fair", cfg.Total, time.Millisecond, func(ctx context.Context) (int64, error) {
+		out, err := c.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+			TableName: &cfg.Table, Key: counterKey(cfg.Prefix),
+			UpdateExpression:          aws.String("ADD #n :one"),
+			ExpressionAttributeNames:  map[string]string{"#n": "n"},
+			ExpressionAttributeValues: map[string]types.AttributeValue{":one": nN(1)},
+			ReturnValues:              types.ReturnValueUpdatedNew,
 		})
-	}
-	wg.Wait()
+		if err != nil {
+			return 0, err
+		}
+		return strconv.ParseInt(out.Attributes["n"].(*types.AttributeValueMemberN).Value, 10, 64)
+	})
 	b, _ := json.Marshal(res)
 	fmt.Println(string(b))
 	return 0
@@ -166,20 +127,7 @@ func runHandoffChild(js string) int {
 // back: 0.01). The tokens increase with the counter: one holder at a
 // time.
 func TestHandoffFairAcrossProcesses(t *testing.T) {
-	// One unfair run is run again, and the check fails only if the
-	// second is unfair too: a loaded machine can stall a process past a
-	// hand-off's grace. Overlaps and tokens going backwards fail at once.
-	for attempt := 1; ; attempt++ {
-		fair := handoffFairRun(t, attempt)
-		if fair || t.Failed() {
-			return
-		}
-		if attempt == 2 {
-			t.Error("unfair hand-off in two runs in a row (want min/max ≥ 0.5)")
-			return
-		}
-		t.Logf("run %d was unfair; running again", attempt)
-	}
+	testkit.FairTwice(t, func(attempt int) bool { return handoffFairRun(t, attempt) })
 }
 
 func handoffFairRun(t *testing.T, attempt int) bool {
@@ -329,19 +277,7 @@ func waitUntil(t *testing.T, ctx context.Context, what string, cond func() bool)
 	}
 }
 
-type acquiredLease struct {
-	lease *lock.Lease
-	err   error
-}
-
-func acquireAsync(ctx context.Context, l *lock.Locker, key string) <-chan acquiredLease {
-	ch := make(chan acquiredLease, 1)
-	go func() {
-		lease, err := l.Acquire(ctx, key)
-		ch <- acquiredLease{lease, err}
-	}()
-	return ch
-}
+var acquireAsync = fairtest.AcquireAsync
 
 // TestHandoffReleaserDoesNotBarge: a holder releases while a waiter of
 // another store is queued, and asks again at once. The key goes to the
@@ -379,11 +315,11 @@ func TestHandoffReleaserDoesNotBarge(t *testing.T) {
 			t.Errorf("round %d: the releaser was refused for %q, want the waiter %q", round, he.Owner, waiter.Owner())
 		}
 		r := <-got
-		if r.err != nil {
-			t.Fatal(r.err)
+		if r.Err != nil {
+			t.Fatal(r.Err)
 		}
-		if r.lease.Token() <= held.Token() {
-			t.Errorf("round %d: token %d after %d", round, r.lease.Token(), held.Token())
+		if r.Lease.Token() <= held.Token() {
+			t.Errorf("round %d: token %d after %d", round, r.Lease.Token(), held.Token())
 		}
 		it := readLockItem(t, table, "k")
 		if q := queued(t, table, "k"); len(q) != 0 {
@@ -393,7 +329,7 @@ func TestHandoffReleaserDoesNotBarge(t *testing.T) {
 			t.Errorf("round %d: the waiter's holding expires at %d, last written at %d: want its own TTL (1m) from its Acquire",
 				round, numAttr(it, "expiresAtMs"), numAttr(it, "updatedAt"))
 		}
-		if err := r.lease.Release(ctx); err != nil {
+		if err := r.Lease.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -456,17 +392,17 @@ func TestHandoffDeadWaiterBounded(t *testing.T) {
 	}
 	deadToken := numAttr(it, "version")
 	r := <-got
-	if r.err != nil {
-		t.Fatal(r.err)
+	if r.Err != nil {
+		t.Fatal(r.Err)
 	}
 	it = readLockItem(t, table, "k")
-	if r.lease.Token() <= deadToken || strAttr(it, "owner") != waiter.Owner() {
-		t.Errorf("the live waiter holds token %d (item owner %q) after the dead waiter's %d", r.lease.Token(), strAttr(it, "owner"), deadToken)
+	if r.Lease.Token() <= deadToken || strAttr(it, "owner") != waiter.Owner() {
+		t.Errorf("the live waiter holds token %d (item owner %q) after the dead waiter's %d", r.Lease.Token(), strAttr(it, "owner"), deadToken)
 	}
 	if numAttr(it, "acquiredAt") < exp {
 		t.Errorf("the live waiter's holding began at %d, before the handed holding lapsed at %d", numAttr(it, "acquiredAt"), exp)
 	}
-	if err := r.lease.Release(ctx); err != nil {
+	if err := r.Lease.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 
@@ -689,8 +625,8 @@ func TestHandoffLeaveKeepsLease(t *testing.T) {
 	waitUntil(t, ctx, "A's wait to renew its entry", func() bool { return len(queued(t, table, "k")) == 1 })
 	// ... and gives up.
 	acancel()
-	if r := <-waiting; r.err == nil {
-		r.lease.Release(ctx)
+	if r := <-waiting; r.Err == nil {
+		r.Lease.Release(ctx)
 		t.Fatal("the waiting Acquire got a second lease of a key its Locker holds")
 	}
 	it := readLockItem(t, table, "k")

@@ -10,12 +10,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
+	"github.com/warden-go/warden/internal/fairtest"
 	"github.com/warden-go/warden/internal/testkit"
 	"github.com/warden-go/warden/lock"
 )
@@ -75,48 +75,12 @@ func helperFair() error {
 		}
 		time.Sleep(2 * time.Millisecond) // polling for the start signal
 	}
-	res := fairResult{Counts: make([]int, workers)}
-	var mu sync.Mutex
-	fail := func(err error) {
-		mu.Lock()
-		defer mu.Unlock()
-		if res.Err == "" {
-			res.Err = err.Error()
-		}
-	}
-	var wg sync.WaitGroup
-	for w, l := range lockers {
-		wg.Go(func() {
-			for ctx.Err() == nil {
-				lease, err := l.Acquire(ctx, "fair")
-				if err != nil {
-					fail(err)
-					return
-				}
-				// Under the lock: one holder at a time bumps the counter.
-				var n int64
-				err = db.QueryRowContext(ctx, `INSERT INTO fair_counter (k, n) VALUES ('c', 1)
-					ON CONFLICT (k) DO UPDATE SET n = n + 1 RETURNING n`).Scan(&n)
-				if err == nil && n <= int64(total) {
-					mu.Lock()
-					res.Counts[w]++
-					res.Turns = append(res.Turns, [2]int64{n, lease.Token()})
-					mu.Unlock()
-				}
-				if rerr := lease.Release(ctx); err == nil {
-					err = rerr
-				}
-				if err != nil {
-					fail(err)
-					return
-				}
-				if n >= int64(total) {
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
+	res := fairtest.Run(ctx, lockers, "fair", total, 0, func(ctx context.Context) (int64, error) {
+		var n int64
+		err := db.QueryRowContext(ctx, `INSERT INTO fair_counter (k, n) VALUES ('c', 1)
+			ON CONFLICT (k) DO UPDATE SET n = n + 1 RETURNING n`).Scan(&n)
+		return n, err
+	})
 	b, err := json.Marshal(res)
 	if err != nil {
 		return err
@@ -132,20 +96,7 @@ func helperFair() error {
 // at once made it about 0.3). The tokens increase with the counter: one
 // holder at a time.
 func TestTurnsFairAcrossProcesses(t *testing.T) {
-	// One unfair run is run again, and the check fails only if the second
-	// is unfair too (a machine loaded by other tests can stall a whole
-	// process). Overlaps and tokens going backwards fail at once.
-	for attempt := 1; ; attempt++ {
-		fair := turnsFairRun(t)
-		if fair || t.Failed() {
-			return
-		}
-		if attempt == 2 {
-			t.Error("unfair hand-off in two runs in a row (want min/max ≥ 0.5)")
-			return
-		}
-		t.Logf("run %d was unfair; running again", attempt)
-	}
+	testkit.FairTwice(t, func(int) bool { return turnsFairRun(t) })
 }
 
 func turnsFairRun(t *testing.T) bool {
