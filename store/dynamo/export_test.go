@@ -28,3 +28,12 @@ func ListsByIndex(st *warden.Store) bool { return st.Driver().(driverStore).base
 
 // LpkOf is the list index key of an item of pk (see lpkOf).
 var LpkOf = lpkOf
+
+// SetCloseHook sets a function Close calls once it refuses new queue
+// entries and before it waits for the entry writes in flight.
+func SetCloseHook(st *warden.Store, f func()) {
+	w := &st.Driver().(driverStore).base().waits
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.closeHook = f
+}

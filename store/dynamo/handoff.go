@@ -64,6 +64,11 @@ const (
 	// release: the longest a waiter that died or stalled after queuing
 	// keeps the others from the key, once.
 	handGrace = 2 * time.Second
+	// maxDrop bounds the lapsed entries one write removes by name (a
+	// release: 50; a renewal: maxPrune), keeping its expression well under
+	// DynamoDB's 4 KB.
+	maxDrop  = 50
+	maxPrune = 8
 )
 
 // waitKey names one owner waiting for one lock item.
@@ -88,6 +93,14 @@ type waits struct {
 	// noQueue: lock items held by a service of the go-go-scope layout,
 	// which take no queue, until the holding's expiry (ms).
 	noQueue map[string]int64
+	// closing is set by Close before it takes its owners out of the
+	// queues; writing holds the entry writes in flight (each closes its
+	// channel when done), which Close waits for — up to leaveWait — so
+	// that no entry is written after Close removed its owners'.
+	closing bool
+	writing map[chan struct{}]struct{}
+	// closeHook, if set (tests), is called by Close once closing is set.
+	closeHook func()
 }
 
 // handedTo is a holding handed to a waiter: its token, and whether the
@@ -110,7 +123,8 @@ type lockState struct {
 	token    int64
 	released bool
 	exp      int64
-	first    string // the owner of the queue's first live entry, the holder's aside
+	first    string   // the owner of the queue's first live entry, the holder's aside
+	lapsed   []string // up to maxPrune owners of lapsed entries, for a renewal to remove
 }
 
 func lockStateOf(it item) lockState {
@@ -121,9 +135,13 @@ func lockStateOf(it item) lockState {
 	now := nowMs()
 	q, _ := queueOf(it)
 	for _, e := range q {
-		if e.owner != st.owner && e.until > now {
+		switch {
+		case e.until <= now:
+			if len(st.lapsed) < maxPrune {
+				st.lapsed = append(st.lapsed, e.owner)
+			}
+		case st.first == "" && e.owner != st.owner:
 			st.first = e.owner
-			break
 		}
 	}
 	return st
@@ -201,7 +219,9 @@ func (s *store) noteQueue(pk string, it item) {
 	w := &s.waits
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if !ok || len(it[aWaiters].(*types.AttributeValueMemberM).Value) == 0 {
+	if !ok {
+		// (An empty queue is remembered too: the release removes it at
+		// once rather than after a failed condition.)
 		delete(w.hints, pk)
 		return
 	}
@@ -339,14 +359,48 @@ func entryNames(owners []string, names map[string]string) string {
 // false when there is no item of warden's layout to queue on (absent, or
 // written by a service of the go-go-scope layout, or with a waiters
 // attribute of another program's): then st is the item read, or unknown.
-func (s *store) keepPlace(ctx context.Context, k waitKey) (st lockState, ok bool, err error) {
+func (s *store) keepPlace(ctx context.Context, k waitKey, prune []string) (st lockState, ok bool, err error) {
+	w := &s.waits
+	w.mu.Lock()
+	if w.closing {
+		w.mu.Unlock()
+		return lockState{}, false, errClosed
+	}
+	done := make(chan struct{})
+	if w.writing == nil {
+		w.writing = map[chan struct{}]struct{}{}
+	}
+	w.writing[done] = struct{}{}
+	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		delete(w.writing, done)
+		w.mu.Unlock()
+		close(done)
+	}()
 	arr := s.arrival(k)
 	entry := func() types.AttributeValue {
 		return &types.AttributeValueMemberM{Value: item{"a": vN(arr), "u": vN(nowMs() + driver.Millis(turnTTL))}}
 	}
 	join := func() (item, bool, error) {
+		// Entries of others found lapsed at the last read go too (a
+		// holder that keeps the key long releases none): nothing else
+		// removes them while the key stays held.
+		var dead []string
+		for _, o := range prune {
+			if o != k.owner {
+				dead = append(dead, o)
+			}
+		}
+		names := map[string]string{"#w0": k.owner}
+		upd := "SET #waiters.#w0 = :e"
+		if len(dead) > 0 {
+			rm := entryNames(append([]string{k.owner}, dead...), names) // #w0 is owner's own
+			upd += " REMOVE " + rm[len("#waiters.#w0, "):]
+		}
 		attrs, failed, _, err := s.updateNames(ctx, "waiting for lock", k.pk, metaSK,
-			"SET #waiters.#w0 = :e", "attribute_exists(#waiters)", map[string]string{"#w0": k.owner}, item{":e": entry()}, types.ReturnValueAllNew)
+			upd, "attribute_exists(#waiters)", names, item{":e": entry()}, types.ReturnValueAllNew)
+		prune = nil // once
 		return attrs, !failed, err
 	}
 	attrs, ok, err := join()
@@ -453,7 +507,7 @@ func (s notifyStore) WaitLock(ctx context.Context, key, owner string, limit time
 	if err != nil {
 		return false, ctx.Err()
 	}
-	cur, ok, err := s.keepPlace(ctx, k)
+	cur, ok, err := s.keepPlace(ctx, k, nil)
 	if err != nil {
 		return false, ctx.Err()
 	}
@@ -523,7 +577,7 @@ func (s notifyStore) WaitLock(ctx context.Context, key, owner string, limit time
 		// Renewal due, or the holding's expiry come (a refresh is not in
 		// the events): write the entry again and read the item's state in
 		// the same request.
-		st, ok, err := s.keepPlace(ctx, k)
+		st, ok, err := s.keepPlace(ctx, k, cur.lapsed)
 		if err != nil {
 			return false, ctx.Err()
 		}
@@ -572,6 +626,29 @@ func (s *store) leave(ctx context.Context, k waitKey, token int64, handed bool) 
 // releases holdings handed to them that no Acquire took.
 func (s *store) leaveAll() {
 	w := &s.waits
+	w.mu.Lock()
+	w.closing = true
+	var writing []chan struct{}
+	for ch := range w.writing {
+		writing = append(writing, ch)
+	}
+	hook := w.closeHook
+	w.mu.Unlock()
+	if hook != nil {
+		hook()
+	}
+	if len(writing) > 0 {
+		t := time.NewTimer(leaveWait)
+	wait:
+		for _, ch := range writing {
+			select {
+			case <-ch:
+			case <-t.C:
+				break wait // a server gone: those entries lapse (turnTTL)
+			}
+		}
+		t.Stop()
+	}
 	w.mu.Lock()
 	type left struct {
 		k      waitKey

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -524,11 +525,39 @@ func TestRoundTripsHandoff(t *testing.T) {
 		t.Fatal(err)
 	}
 	wn.Store(0)
-	if _, ok, err := wst.Locks().Acquire(ctx, "k", "waiter", time.Minute); err != nil || !ok {
+	got, ok, err := wst.Locks().Acquire(ctx, "k", "waiter", time.Minute)
+	if err != nil || !ok {
 		t.Fatal(ok, err)
 	}
 	if got := wn.Load(); got != 1 {
 		t.Errorf("the Acquire of a waiter handed the key: %d requests, want 1", got)
+	}
+	if ok, err := wst.Locks().Release(ctx, "k", "waiter", got.Token); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+
+	// A waiter that takes a free key (its holder's holding lapsed; no
+	// hand-off) leaves its own entry behind until its acquire removes it;
+	// its release with nobody waiting is then still one request.
+	rec, ok, err = hst.Locks().Acquire(ctx, "k", "dying", 300*time.Millisecond)
+	if err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	var cn atomic.Int64 // writes and reads of the waiter's store (its watcher's Queries aside)
+	l := handoffLocker(t, handoffStore(t, table, countOp("UpdateItem", &cn), countOp("GetItem", &cn)))
+	lease, err := l.Acquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lease.Token() <= rec.Token {
+		t.Errorf("token %d after %d", lease.Token(), rec.Token)
+	}
+	cn.Store(0)
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := cn.Load(); got != 1 {
+		t.Errorf("release after a waiter took a free key, nobody waiting: %d requests, want 1", got)
 	}
 }
 
@@ -736,5 +765,129 @@ func TestHandoffNodeItemDeclines(t *testing.T) {
 	}
 	if _, ok := readLockItem(t, table, "k")["waiters"]; ok {
 		t.Error("a queue was written into a go-go-scope item")
+	}
+}
+
+// TestHandoffCloseWaitsForEntryWrite: Close while a wait's queue entry is
+// being written. Close refuses new entries, waits for the write in flight
+// (up to 1 s), then takes its owners out of the queues: no entry is left
+// to be handed the key after the store is gone (before, an entry written
+// after Close's removal stayed, and a release handed it the key: 2 s
+// lost).
+func TestHandoffCloseWaitsForEntryWrite(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	table := testTable(t)
+	holder := handoffStore(t, table)
+	if _, ok, err := holder.Locks().Acquire(ctx, "k", "holder", time.Minute); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	entered, gate := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	blockJoin := func(st *middleware.Stack) error {
+		return st.Initialize.Add(middleware.InitializeMiddlewareFunc("block-join",
+			func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
+				if u, ok := in.Parameters.(*dynamodb.UpdateItemInput); ok && strings.HasPrefix(aws.ToString(u.UpdateExpression), "SET #waiters") {
+					once.Do(func() {
+						close(entered)
+						<-gate // until Close refuses new entries
+					})
+				}
+				return next.HandleInitialize(ctx, in)
+			}), middleware.After)
+	}
+	st, err := dynamo.New(newClient(t, blockJoin), table, &dynamo.Options{Prefix: "h:"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dynamo.SetCloseHook(st, func() { close(gate) })
+	waited := make(chan struct{})
+	go func() {
+		defer close(waited)
+		st.Driver().(driver.LockWaiter).WaitLock(ctx, "k", "closing", time.Minute)
+	}()
+	<-entered
+	st.Close()
+	<-waited
+	if q := queued(t, table, "k"); len(q) != 0 {
+		t.Errorf("queue %v after Close: an entry of the closed store stays to be handed the key", q)
+	}
+}
+
+// exprLimit refuses, as DynamoDB does (4 KB per expression; dynalite does
+// not check), an UpdateItem whose update or condition expression is
+// longer than 4096 bytes.
+func exprLimit(st *middleware.Stack) error {
+	return st.Initialize.Add(middleware.InitializeMiddlewareFunc("expr-limit",
+		func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
+			if u, ok := in.Parameters.(*dynamodb.UpdateItemInput); ok {
+				for _, e := range []*string{u.UpdateExpression, u.ConditionExpression} {
+					if n := len(aws.ToString(e)); n > 4096 {
+						return middleware.InitializeOutput{}, middleware.Metadata{}, fmt.Errorf("ValidationException: expression of %d bytes exceeds 4096", n)
+					}
+				}
+			}
+			return next.HandleInitialize(ctx, in)
+		}), middleware.After)
+}
+
+// TestHandoffManyLapsedEntries: 300 dead waiters' entries (lapsed) and two
+// live ones. The release hands the key to the first live waiter and
+// removes 50 lapsed entries, not all of them: an expression naming 300
+// would pass the 4 KB DynamoDB allows (before: every release failed there
+// and the holder kept the key until its TTL). A waiter's renewal removes
+// up to 8 more.
+func TestHandoffManyLapsedEntries(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	table := testTable(t)
+	st := handoffStore(t, table, exprLimit)
+	rec, ok, err := st.Locks().Acquire(ctx, "k", "holder", time.Minute)
+	if err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	now := time.Now().UnixMilli()
+	m := map[string]types.AttributeValue{}
+	for i := range 300 {
+		m[fmt.Sprintf("dead-%04d#0123456789ab", i)] = &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{"a": nN(now - 10_000 + int64(i)), "u": nN(now - 5_000)}}
+	}
+	for i := range 2 {
+		m[fmt.Sprintf("live-%d", i)] = &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{"a": nN(now + int64(i)), "u": nN(now + 600_000)}}
+	}
+	if _, err := newClient(t).UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName: &table, Key: map[string]types.AttributeValue{"pk": nS("LOCK#h:lock:k"), "sk": nS("METADATA")},
+		UpdateExpression:          aws.String("SET #w = :m"),
+		ExpressionAttributeNames:  map[string]string{"#w": "waiters"},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":m": &types.AttributeValueMemberM{Value: m}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := st.Locks().Release(ctx, "k", "holder", rec.Token); err != nil || !ok {
+		t.Fatalf("release with 300 lapsed entries queued: %v, %v", ok, err)
+	}
+	if o := strAttr(readLockItem(t, table, "k"), "owner"); o != "live-0" {
+		t.Fatalf("key handed to %q, want live-0", o)
+	}
+	if n := len(queued(t, table, "k")); n != 302-1-50 {
+		t.Errorf("%d entries left after the release, want %d (the handed one and 50 lapsed removed)", n, 302-1-50)
+	}
+	// A waiter's renewal removes 8 of the lapsed entries it read.
+	type waited struct {
+		again bool
+		err   error
+	}
+	ended := make(chan waited, 1)
+	go func() {
+		again, err := st.Driver().(driver.LockWaiter).WaitLock(ctx, "k", "renewing", 5*time.Second)
+		ended <- waited{again, err}
+	}()
+	for n := len(queued(t, table, "k")); n > 302-1-50+1-8; n = len(queued(t, table, "k")) {
+		select {
+		case w := <-ended:
+			t.Fatalf("the wait ended (%v, %v) with %d entries queued, before a renewal removed lapsed ones", w.again, w.err, n)
+		case <-ctx.Done():
+			t.Fatalf("%d entries queued: no renewal removed lapsed ones", n)
+		case <-time.After(5 * time.Millisecond): // polling interval, not a synchronisation
+		}
 	}
 }

@@ -318,6 +318,11 @@ func (s *store) release(ctx context.Context, key, owner string, token int64, unt
 		// whole, under a condition on its size, so that an entry written
 		// since the queue was read stays), or those named.
 		all := q != nil && len(drop)+btoi(next != "") == len(q)
+		if !all && len(drop) > maxDrop {
+			// DynamoDB refuses expressions over 4 KB: later releases and
+			// the waiters' renewals remove the rest.
+			drop = drop[:maxDrop]
+		}
 		var upd, cond string
 		remove := func() string {
 			if all {
