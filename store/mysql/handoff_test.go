@@ -251,19 +251,9 @@ func newLocker(t *testing.T, st *warden.Store, opts *lock.Options) *lock.Locker 
 	return l
 }
 
-type acquired struct {
-	lease *lock.Lease
-	err   error
-}
+type acquired = fairtest.Acquired
 
-func acquireAsync(ctx context.Context, l *lock.Locker, key string) <-chan acquired {
-	ch := make(chan acquired, 1)
-	go func() {
-		lease, err := l.Acquire(ctx, key)
-		ch <- acquired{lease, err}
-	}()
-	return ch
-}
+var acquireAsync = fairtest.AcquireAsync
 
 // TestHandoffFairAcrossProcesses: 2 processes × 4 workers (a Locker each)
 // take one key in turn, holding it for a counter bump, until the counter
@@ -355,7 +345,7 @@ func TestHandoffWaiterWokenWithoutPolling(t *testing.T) {
 	time.Sleep(time.Second)
 	select {
 	case r := <-got:
-		t.Fatalf("the waiter returned while the key was held: %v", r.err)
+		t.Fatalf("the waiter returned while the key was held: %v", r.Err)
 	default:
 	}
 	during := n.Load() - before - waiting
@@ -363,17 +353,17 @@ func TestHandoffWaiterWokenWithoutPolling(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := <-got
-	if r.err != nil {
-		t.Fatal(r.err)
+	if r.Err != nil {
+		t.Fatal(r.Err)
 	}
-	defer r.lease.Release(ctx)
+	defer r.Lease.Release(ctx)
 	trips := n.Load() - before
 	t.Logf("waiter round trips: %d until it queued, %d during the 1 s hold, %d in all", waiting, during, trips)
 	if during != 0 || trips > 8 {
 		t.Errorf("the waiter made %d round trips during the hold and %d in all: it polled (want 0, and at most 8 in all)", during, trips)
 	}
-	if r.lease.Token() <= held.Token() {
-		t.Errorf("token %d after %d", r.lease.Token(), held.Token())
+	if r.Lease.Token() <= held.Token() {
+		t.Errorf("token %d after %d", r.Lease.Token(), held.Token())
 	}
 }
 
@@ -408,18 +398,18 @@ func TestHandoffReleaserDoesNotBarge(t *testing.T) {
 		}
 		next := acquireAsync(ctx, holder, "k") // the releaser queues
 		r := <-got
-		if r.err != nil {
-			t.Fatal(r.err)
+		if r.Err != nil {
+			t.Fatal(r.Err)
 		}
 		waitFor(t, ctx, "the releaser to queue", func() bool { return len(queued(t, db, name)) == 1 })
-		if err := r.lease.Release(ctx); err != nil {
+		if err := r.Lease.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
 		r = <-next
-		if r.err != nil {
-			t.Fatal(r.err)
+		if r.Err != nil {
+			t.Fatal(r.Err)
 		}
-		if err := r.lease.Release(ctx); err != nil {
+		if err := r.Lease.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -476,7 +466,7 @@ func TestHandoffHolderSessionKilled(t *testing.T) {
 	}
 	select {
 	case r := <-got:
-		t.Fatalf("the waiter returned while the holder held the key: %v", r.err)
+		t.Fatalf("the waiter returned while the holder held the key: %v", r.Err)
 	default:
 	}
 	if err := held.Release(ctx); err != nil {
@@ -490,13 +480,13 @@ func TestHandoffHolderSessionKilled(t *testing.T) {
 		}
 	}
 	r := <-got
-	if r.err != nil {
-		t.Fatal(r.err)
+	if r.Err != nil {
+		t.Fatal(r.Err)
 	}
-	if r.lease.Token() <= held.Token() {
-		t.Errorf("token %d after %d", r.lease.Token(), held.Token())
+	if r.Lease.Token() <= held.Token() {
+		t.Errorf("token %d after %d", r.Lease.Token(), held.Token())
 	}
-	if err := r.lease.Release(ctx); err != nil {
+	if err := r.Lease.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if n := mysql.HandoffConnsOut(hst); n != 0 {
@@ -561,36 +551,36 @@ func TestHandoffHolderProcessKilled(t *testing.T) {
 		// defect"). Order is a fairness property: exclusion and tokens
 		// must still hold, which is checked before letting the first
 		// waiter through.
-		if r2.err != nil {
-			t.Fatal(r2.err)
+		if r2.Err != nil {
+			t.Fatal(r2.Err)
 		}
-		t.Logf("the second waiter acquired before the first (token %d): the first lost its turn", r2.lease.Token())
+		t.Logf("the second waiter acquired before the first (token %d): the first lost its turn", r2.Lease.Token())
 		now, found2, err := st2.Locks().Get(ctx, "k")
-		if err != nil || !found2 || now.Token != r2.lease.Token() {
+		if err != nil || !found2 || now.Token != r2.Lease.Token() {
 			t.Fatalf("Get after the second waiter acquired: %+v found=%v err=%v", now, found2, err)
 		}
 		if found && now.AcquiredAt.Before(rec.ExpiresAt) {
 			t.Errorf("the second waiter acquired at %v, before the dead holding expired at %v", now.AcquiredAt, rec.ExpiresAt)
 		}
-		if err := r2.lease.Release(ctx); err != nil {
+		if err := r2.Lease.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if r1 = <-got1; r1.err != nil {
-			t.Fatal(r1.err)
+		if r1 = <-got1; r1.Err != nil {
+			t.Fatal(r1.Err)
 		}
-		if r1.lease.Token() <= r2.lease.Token() {
-			t.Errorf("token %d after %d", r1.lease.Token(), r2.lease.Token())
+		if r1.Lease.Token() <= r2.Lease.Token() {
+			t.Errorf("token %d after %d", r1.Lease.Token(), r2.Lease.Token())
 		}
-		if err := r1.lease.Release(ctx); err != nil {
+		if err := r1.Lease.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
 		return
 	}
-	if r1.err != nil {
-		t.Fatal(r1.err)
+	if r1.Err != nil {
+		t.Fatal(r1.Err)
 	}
 	now, found1, err := st1.Locks().Get(ctx, "k")
-	if err != nil || !found1 || now.Token != r1.lease.Token() {
+	if err != nil || !found1 || now.Token != r1.Lease.Token() {
 		t.Fatalf("Get after the first waiter acquired: %+v found=%v err=%v", now, found1, err)
 	}
 	if found {
@@ -603,20 +593,20 @@ func TestHandoffHolderProcessKilled(t *testing.T) {
 	}
 	select {
 	case r := <-got2:
-		t.Fatalf("the second waiter returned while the first held the key: %v", r.err)
+		t.Fatalf("the second waiter returned while the first held the key: %v", r.Err)
 	default:
 	}
-	if err := r1.lease.Release(ctx); err != nil {
+	if err := r1.Lease.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	r2 := <-got2
-	if r2.err != nil {
-		t.Fatal(r2.err)
+	if r2.Err != nil {
+		t.Fatal(r2.Err)
 	}
-	if r2.lease.Token() <= r1.lease.Token() {
-		t.Errorf("token %d after %d", r2.lease.Token(), r1.lease.Token())
+	if r2.Lease.Token() <= r1.Lease.Token() {
+		t.Errorf("token %d after %d", r2.Lease.Token(), r1.Lease.Token())
 	}
-	if err := r2.lease.Release(ctx); err != nil {
+	if err := r2.Lease.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -671,10 +661,10 @@ func TestHandoffConnsBounded(t *testing.T) {
 	}
 	for _, ch := range []<-chan acquired{got, got2} {
 		r := <-ch
-		if r.err != nil {
-			t.Fatal(r.err)
+		if r.Err != nil {
+			t.Fatal(r.Err)
 		}
-		if err := r.lease.Release(ctx); err != nil {
+		if err := r.Lease.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -710,8 +700,8 @@ func TestHandoffCloseEndsWaits(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := <-got
-	if !errors.Is(r.err, warden.ErrClosed) {
-		t.Errorf("Acquire on a store closed while it waited: %v, want ErrClosed", r.err)
+	if !errors.Is(r.Err, warden.ErrClosed) {
+		t.Errorf("Acquire on a store closed while it waited: %v, want ErrClosed", r.Err)
 	}
 	waitFor(t, ctx, "the wait to end on the server", func() bool { return len(queued(t, db, name)) == 0 })
 	if n := mysql.HandoffConnsOut(wst); n != 0 {
@@ -763,10 +753,10 @@ func TestHandoffTurnGivenUpPassesOn(t *testing.T) {
 		t.Fatalf("a newcomer's TryAcquire after the woken waiter gave up: %v, want ErrLocked (reserved for the next waiter)", err)
 	}
 	r := <-got
-	if r.err != nil {
-		t.Fatal(r.err)
+	if r.Err != nil {
+		t.Fatal(r.Err)
 	}
-	if err := r.lease.Release(ctx); err != nil {
+	if err := r.Lease.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if n := mysql.HandoffConnsOut(s1); n != 0 {
@@ -809,10 +799,10 @@ func TestHandoffOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := <-got
-	if r.err != nil {
-		t.Fatal(r.err)
+	if r.Err != nil {
+		t.Fatal(r.Err)
 	}
-	if err := r.lease.Release(ctx); err != nil {
+	if err := r.Lease.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -202,19 +202,9 @@ func newLocker(t *testing.T, st *warden.Store, opts *lock.Options) *lock.Locker 
 	return l
 }
 
-type acquired struct {
-	lease *lock.Lease
-	err   error
-}
+type acquired = fairtest.Acquired
 
-func acquireAsync(ctx context.Context, l *lock.Locker, key string) <-chan acquired {
-	ch := make(chan acquired, 1)
-	go func() {
-		lease, err := l.Acquire(ctx, key)
-		ch <- acquired{lease, err}
-	}()
-	return ch
-}
+var acquireAsync = fairtest.AcquireAsync
 
 // waitFor polls cond (the server's state) until it holds; the test fails
 // if ctx ends first.
@@ -346,24 +336,24 @@ func TestHandoffReleaserDoesNotBarge(t *testing.T) {
 		}
 		next := acquireAsync(ctx, holder, "k") // the releaser queues
 		r := <-got
-		if r.err != nil {
-			t.Fatal(r.err)
+		if r.Err != nil {
+			t.Fatal(r.Err)
 		}
 		if he.Owner != waiter.Owner() {
 			t.Errorf("round %d: the releaser was refused for %q, want the waiter %q whose turn it was", round, he.Owner, waiter.Owner())
 		}
-		if r.lease.Token() <= held.Token() {
-			t.Errorf("token %d after %d", r.lease.Token(), held.Token())
+		if r.Lease.Token() <= held.Token() {
+			t.Errorf("token %d after %d", r.Lease.Token(), held.Token())
 		}
 		waitFor(t, ctx, "the releaser to queue", func() bool { return slices.Equal(queue(t, c, hst, "k"), []string{holder.Owner()}) })
-		if err := r.lease.Release(ctx); err != nil {
+		if err := r.Lease.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
 		r = <-next
-		if r.err != nil {
-			t.Fatal(r.err)
+		if r.Err != nil {
+			t.Fatal(r.Err)
 		}
-		if err := r.lease.Release(ctx); err != nil {
+		if err := r.Lease.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
 		if q := queue(t, c, hst, "k"); len(q) != 0 {
@@ -408,12 +398,12 @@ func TestHandoffDeadWaiter(t *testing.T) {
 	}
 	to, until := turn(t, c, st, "k")
 	r := <-got
-	if r.err != nil {
-		t.Fatalf("the live waiter did not get the key: %v", r.err)
+	if r.Err != nil {
+		t.Fatalf("the live waiter did not get the key: %v", r.Err)
 	}
-	defer r.lease.Release(ctx)
+	defer r.Lease.Release(ctx)
 	rec, found, err := st.Locks().Get(ctx, "k")
-	if err != nil || !found || rec.Token != r.lease.Token() {
+	if err != nil || !found || rec.Token != r.Lease.Token() {
 		t.Fatalf("Get = %+v found=%v err=%v, want the live waiter's holding", rec, found, err)
 	}
 	switch to {
@@ -472,8 +462,8 @@ func TestHandoffTurnGivenUpPassesOn(t *testing.T) {
 		return slices.Equal(queue(t, c, st, "k"), []string{"w1", quitter.Owner(), w2.Owner()})
 	})
 	qcancel()
-	if r := <-gaveUp; !errors.Is(r.err, context.Canceled) {
-		t.Fatalf("the quitter's Acquire: %v, want context.Canceled", r.err)
+	if r := <-gaveUp; !errors.Is(r.Err, context.Canceled) {
+		t.Fatalf("the quitter's Acquire: %v, want context.Canceled", r.Err)
 	}
 	if q := queue(t, c, st, "k"); !slices.Equal(q, []string{"w1", w2.Owner()}) {
 		t.Fatalf("queue %v after the quitter gave up, want [w1 %s]", q, w2.Owner())
@@ -498,13 +488,13 @@ func TestHandoffTurnGivenUpPassesOn(t *testing.T) {
 		t.Fatalf("a newcomer's TryAcquire after the woken waiter gave up: %v, want ErrLocked (the next waiter's turn)", err)
 	}
 	r := <-got
-	if r.err != nil {
-		t.Fatal(r.err)
+	if r.Err != nil {
+		t.Fatal(r.Err)
 	}
-	if r.lease.Token() <= held.Token() {
-		t.Errorf("token %d after %d", r.lease.Token(), held.Token())
+	if r.Lease.Token() <= held.Token() {
+		t.Errorf("token %d after %d", r.Lease.Token(), held.Token())
 	}
-	if err := r.lease.Release(ctx); err != nil {
+	if err := r.Lease.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if q := queue(t, c, st, "k"); len(q) != 0 {
@@ -540,10 +530,10 @@ func TestHandoffHolderOutsideQueue(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := <-got
-	if r.err != nil {
-		t.Fatal(r.err)
+	if r.Err != nil {
+		t.Fatal(r.Err)
 	}
-	if err := r.lease.Release(ctx); err != nil {
+	if err := r.Lease.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -572,8 +562,8 @@ func TestHandoffCloseEndsWaits(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := <-got
-	if !errors.Is(r.err, warden.ErrClosed) && !errors.Is(r.err, lock.ErrClosed) {
-		t.Errorf("Acquire on a store closed while it waited: %v, want ErrClosed", r.err)
+	if !errors.Is(r.Err, warden.ErrClosed) && !errors.Is(r.Err, lock.ErrClosed) {
+		t.Errorf("Acquire on a store closed while it waited: %v, want ErrClosed", r.Err)
 	}
 	if n := redis.WaitsOut(wst); n != 0 {
 		t.Errorf("%d waits out after Close, want 0", n)
@@ -615,8 +605,8 @@ func TestHandoffWaitsBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := <-got1
-	if r.err != nil {
-		t.Fatal(r.err)
+	if r.Err != nil {
+		t.Fatal(r.Err)
 	}
 	if q := queue(t, c, st, "k1"); len(q) != 0 {
 		t.Errorf("the waiter beyond the bound queued: %v", q)
@@ -624,12 +614,12 @@ func TestHandoffWaitsBounded(t *testing.T) {
 	if n := redis.WaitsOut(bst); n != 1 {
 		t.Errorf("%d waits out, want 1 (the bound)", n)
 	}
-	r.lease.Release(ctx)
+	r.Lease.Release(ctx)
 	if err := leases[0].Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if r = <-got0; r.err != nil {
-		t.Fatal(r.err)
+	if r = <-got0; r.Err != nil {
+		t.Fatal(r.Err)
 	}
-	r.lease.Release(ctx)
+	r.Lease.Release(ctx)
 }
