@@ -30,6 +30,9 @@ func TestMain(m *testing.M) {
 	if spec, ok := os.LookupEnv(handoffChildEnv); ok {
 		os.Exit(runHandoffChild(spec))
 	}
+	if spec, ok := os.LookupEnv(fairChildEnv); ok {
+		os.Exit(runFairChild(spec))
+	}
 	if os.Getenv("WARDEN_DRIVERTEST_CHILD") == "" {
 		dropTestDatabase()
 	}

@@ -148,3 +148,11 @@ func Registered(st *warden.Store) map[string]string {
 	}
 	return out
 }
+
+// SetCloseHook sets a function Close calls once it refuses new queue
+// entries and before it waits for the entry writes in flight.
+func SetCloseHook(st *warden.Store, f func()) { st.Driver().(*store).book.SetCloseHook(f) }
+
+// EntryName is the field name of owner's entry in a lock document's
+// queue.
+var EntryName = entryName

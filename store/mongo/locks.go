@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/warden-go/warden/driver"
+	"github.com/warden-go/warden/internal/handoff"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
@@ -56,6 +57,11 @@ type lockDoc struct {
 	AcquiredAt *time.Time `bson:"acquiredAt"`
 	ExpiresAt  *time.Time `bson:"expiresAt"`
 	Released   bool       `bson:"released"`
+	// Waiters is the queue of the fair hand-off (handoff.go), as stored.
+	Waiters bson.RawValue `bson:"waiters"`
+	// Handoff marks a holding a release handed to a waiter, until a
+	// refresh or acquire takes it.
+	Handoff *time.Time `bson:"handoff"`
 }
 
 func (d lockDoc) record(key string) driver.LockRecord {
@@ -104,7 +110,39 @@ func after1() *options.FindOneAndUpdateOptionsBuilder {
 // that names the key and the attempts (errBusy), never an outcome.
 func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (driver.LockRecord, bool, error) {
 	s := l.s
+	k := handoff.Key{PK: s.lockPfx + key, Owner: owner}
+	if h, ok := s.book.TakeHanded(k); ok {
+		// Its WaitLock saw the key handed to owner: take the holding with
+		// owner's TTL, one request. If it lapsed meanwhile, acquire.
+		if r, ok, err := l.Refresh(ctx, key, owner, h.Token, ttl); err != nil || ok {
+			if ok {
+				s.acquired(k)
+			}
+			return r, ok, err
+		}
+	}
+	rec, ok, err := l.acquire(ctx, key, owner, ttl)
+	if ok {
+		s.acquired(k)
+	}
+	return rec, ok, err
+}
+
+// takeUnset is what every write that starts or renews owner's holding
+// removes: the hand-off mark, and owner's own entry in the queue when
+// owner waited (owner's Acquire calls, after a WaitLock).
+func (s *store) takeUnset(sk, owner string) bson.E {
+	u := bson.D{{Key: fHandoff, Value: ""}}
+	if s.book.Queued(handoff.Key{PK: sk, Owner: owner}) {
+		u = append(u, bson.E{Key: entryPath(owner), Value: ""})
+	}
+	return bson.E{Key: "$unset", Value: u}
+}
+
+func (l locks) acquire(ctx context.Context, key, owner string, ttl time.Duration) (driver.LockRecord, bool, error) {
+	s := l.s
 	sk := s.lockPfx + key
+	unset := s.takeUnset(sk, owner)
 	write := true // try the upsert first: on the first attempt, and after finding no document
 	for range s.tries {
 		s.raced("write")
@@ -119,9 +157,11 @@ func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 					{Key: "acquiredAt", Value: t}, {Key: "expiresAt", Value: after(t, ttl)},
 					{Key: "released", Value: false}, {Key: "releasedAt", Value: nil}, {Key: "purgeAt", Value: purgeAt(t, ttl)}, {Key: "updatedAt", Value: t}}},
 				{Key: "$setOnInsert", Value: bson.D{{Key: "createdAt", Value: t}, {Key: "namespace", Value: s.prefix}}},
+				unset,
 			}
 			err := s.locks.FindOneAndUpdate(ctx, filter, update, after1().SetUpsert(true)).Decode(&d)
 			if err == nil {
+				s.noteQueue(sk, &d)
 				s.emitLock(ctx, evAcquired, sk, d.Owner, d.Token, t)
 				return d.record(key), true, nil
 			}
@@ -156,10 +196,11 @@ func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 			s.raced("renew")
 			f := append(s.nsKey(sk), bson.E{Key: "owner", Value: owner}, bson.E{Key: "token", Value: d.Token},
 				bson.E{Key: "released", Value: false}, bson.E{Key: "expiresAt", Value: bson.D{{Key: "$gt", Value: t}}})
-			u := bson.D{{Key: "$set", Value: bson.D{{Key: "expiresAt", Value: after(t, ttl)}, {Key: "purgeAt", Value: purgeAt(t, ttl)}, {Key: "updatedAt", Value: t}}}}
+			u := bson.D{{Key: "$set", Value: bson.D{{Key: "expiresAt", Value: after(t, ttl)}, {Key: "purgeAt", Value: purgeAt(t, ttl)}, {Key: "updatedAt", Value: t}}}, unset}
 			var r lockDoc
 			err := s.locks.FindOneAndUpdate(ctx, f, u, after1()).Decode(&r)
 			if err == nil {
+				s.noteQueue(sk, &r)
 				return r.record(key), true, nil
 			}
 			if !errors.Is(err, mongo.ErrNoDocuments) {
@@ -171,10 +212,11 @@ func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 			f := append(s.nsKey(sk), bson.E{Key: "token", Value: d.Token}, free(t))
 			u := bson.D{{Key: "$set", Value: bson.D{{Key: "key", Value: sk}, {Key: "owner", Value: owner}, {Key: "token", Value: tok},
 				{Key: "acquiredAt", Value: t}, {Key: "expiresAt", Value: after(t, ttl)}, {Key: "released", Value: false},
-				{Key: "releasedAt", Value: nil}, {Key: "purgeAt", Value: purgeAt(t, ttl)}, {Key: "updatedAt", Value: t}}}}
+				{Key: "releasedAt", Value: nil}, {Key: "purgeAt", Value: purgeAt(t, ttl)}, {Key: "updatedAt", Value: t}}}, unset}
 			var r lockDoc
 			err := s.locks.FindOneAndUpdate(ctx, f, u, after1()).Decode(&r)
 			if err == nil {
+				s.noteQueue(sk, &r)
 				s.emitLock(ctx, evAcquired, sk, r.Owner, r.Token, t)
 				return r.record(key), true, nil
 			}
@@ -199,13 +241,16 @@ func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 }
 
 // Refresh implements driver.Locks: one findOneAndUpdate checked on owner,
-// token and liveness.
+// token and liveness. It takes a holding handed to owner (removes the
+// hand-off mark).
 func (l locks) Refresh(ctx context.Context, key, owner string, token int64, ttl time.Duration) (driver.LockRecord, bool, error) {
 	s := l.s
+	sk := s.lockPfx + key
 	t := now()
-	f := append(s.nsKey(s.lockPfx+key), bson.E{Key: "owner", Value: owner}, bson.E{Key: "token", Value: token},
+	f := append(s.nsKey(sk), bson.E{Key: "owner", Value: owner}, bson.E{Key: "token", Value: token},
 		bson.E{Key: "released", Value: false}, bson.E{Key: "expiresAt", Value: bson.D{{Key: "$gt", Value: t}}})
-	u := bson.D{{Key: "$set", Value: bson.D{{Key: "expiresAt", Value: after(t, ttl)}, {Key: "purgeAt", Value: purgeAt(t, ttl)}, {Key: "updatedAt", Value: t}}}}
+	u := bson.D{{Key: "$set", Value: bson.D{{Key: "expiresAt", Value: after(t, ttl)}, {Key: "purgeAt", Value: purgeAt(t, ttl)}, {Key: "updatedAt", Value: t}}},
+		s.takeUnset(sk, owner)}
 	var d lockDoc
 	err := s.locks.FindOneAndUpdate(ctx, f, u, after1()).Decode(&d)
 	if errors.Is(err, mongo.ErrNoDocuments) {
@@ -214,6 +259,7 @@ func (l locks) Refresh(ctx context.Context, key, owner string, token int64, ttl 
 	if err != nil {
 		return driver.LockRecord{}, false, ctxErr(ctx, err)
 	}
+	s.noteQueue(sk, &d)
 	return d.record(key), true, nil
 }
 
@@ -227,7 +273,7 @@ func releaseUpdate(id string, t time.Time) bson.D {
 	return bson.D{
 		{Key: "$set", Value: bson.D{{Key: "key", Value: parkedKey(id)}, {Key: "released", Value: true}, {Key: "releasedAt", Value: t},
 			{Key: "purgeAt", Value: t.Add(LockRetention)}, {Key: "updatedAt", Value: t}}},
-		{Key: "$unset", Value: bson.D{{Key: "expiresAt", Value: ""}}},
+		{Key: "$unset", Value: bson.D{{Key: "expiresAt", Value: ""}, {Key: fHandoff, Value: ""}}},
 	}
 }
 
@@ -283,21 +329,100 @@ func (l locks) foreign(ctx context.Context, key, sk string) (driver.LockRecord, 
 }
 
 // Release implements driver.Locks: one updateOne checked on owner and
-// token, expired or not.
+// token, expired or not, and on the document having no queue. While
+// others wait in the document's queue (handoff.go), the same one update
+// hands the key to the first of them instead; a queue the store did not
+// know of costs a read and a second update.
 func (l locks) Release(ctx context.Context, key, owner string, token int64) (bool, error) {
-	s := l.s
+	return l.s.release(ctx, key, owner, token, false)
+}
+
+// release is Release; with untaken, only a holding handed to owner that
+// no Acquire or Refresh took yet (the document's handoff mark) is
+// released: what a waiter that gives up releases, never a lease.
+func (s *store) release(ctx context.Context, key, owner string, token int64, untaken bool) (bool, error) {
 	sk := s.lockPfx + key
-	t := now()
-	f := append(s.nsKey(sk), bson.E{Key: "owner", Value: owner}, bson.E{Key: "token", Value: token}, bson.E{Key: "released", Value: false})
-	res, err := s.locks.UpdateOne(ctx, f, releaseUpdate(s.docID(sk), t))
-	if err != nil {
-		return false, ctxErr(ctx, err)
+	mine := append(s.nsKey(sk), bson.E{Key: "owner", Value: owner}, bson.E{Key: "token", Value: token}, bson.E{Key: "released", Value: false})
+	if untaken {
+		mine = append(mine, bson.E{Key: fHandoff, Value: set("$exists", true)})
 	}
-	if res.MatchedCount == 0 {
-		return false, nil
+	rv := s.queueHint(sk)
+	for range s.tries {
+		wall := time.Now()
+		t := wall.UTC().Truncate(time.Millisecond)
+		q, other := queueOf(rv)
+		next, ok, drop := handoff.PickNext(q, owner, wall.UnixMilli())
+		f := append(bson.D(nil), mine...)
+		var u bson.D
+		switch {
+		case ok && !other:
+			// Hand the key to next: a new holding, token max(t+1, base).
+			tok := max(token+1, tokenBase(wall))
+			exp := t.Add(handoff.Grace)
+			var rm bson.D
+			if len(drop)+1 == len(q) {
+				// Every entry goes: the queue whole, if it is unchanged.
+				f = append(f, bson.E{Key: fWaiters, Value: rv})
+				rm = bson.D{{Key: fWaiters, Value: ""}}
+			} else {
+				f = append(f, bson.E{Key: fWaiters + "." + next.Name + ".u", Value: set("$gt", wall.UnixMilli())})
+				rm = bson.D{{Key: fWaiters + "." + next.Name, Value: ""}}
+				for _, e := range drop {
+					rm = append(rm, bson.E{Key: fWaiters + "." + e.Name, Value: ""})
+				}
+			}
+			u = bson.D{
+				{Key: "$set", Value: bson.D{{Key: "owner", Value: next.Owner}, {Key: "token", Value: tok}, {Key: "acquiredAt", Value: t},
+					{Key: "expiresAt", Value: exp}, {Key: "purgeAt", Value: exp.Add(LockRetention)}, {Key: "updatedAt", Value: t}, {Key: fHandoff, Value: t}}},
+				{Key: "$unset", Value: rm},
+			}
+			res, err := s.locks.UpdateOne(ctx, f, u)
+			if err != nil {
+				return false, ctxErr(ctx, err)
+			}
+			if res.MatchedCount > 0 {
+				s.noteQueue(sk, nil)
+				s.emitLock(ctx, evReleased, sk, owner, token, t)
+				s.emitLock(ctx, evAcquired, sk, next.Owner, tok, t)
+				return true, nil
+			}
+		default:
+			if rv.Type == 0 {
+				// No queue known: the plain release, refused if there is
+				// one.
+				f = append(f, bson.E{Key: fWaiters, Value: set("$exists", false)})
+				u = releaseUpdate(s.docID(sk), t)
+			} else {
+				// Only owner's own and lapsed entries, an empty queue, or a
+				// waiters field of another program's: removed whole, if it
+				// is unchanged since read.
+				f = append(f, bson.E{Key: fWaiters, Value: rv})
+				u = releaseUpdate(s.docID(sk), t)
+				u[1].Value = append(u[1].Value.(bson.D), bson.E{Key: fWaiters, Value: ""})
+			}
+			res, err := s.locks.UpdateOne(ctx, f, u)
+			if err != nil {
+				return false, ctxErr(ctx, err)
+			}
+			if res.MatchedCount > 0 {
+				s.noteQueue(sk, nil)
+				s.emitLock(ctx, evReleased, sk, owner, token, t)
+				return true, nil
+			}
+		}
+		// Not released: not owner's holding (any more), or a queue other
+		// than the one guessed. Read it.
+		d, err := s.readLock(ctx, sk)
+		if err != nil {
+			return false, err
+		}
+		if d == nil || d.Owner != owner || d.Token != token || d.Released || (untaken && d.Handoff == nil) {
+			s.noteQueue(sk, nil)
+			return false, nil
+		}
+		rv = d.Waiters
 	}
-	s.emitLock(ctx, evReleased, sk, owner, token, t)
-	return true, nil
+	return false, s.busy("releasing lock", key)
 }
 
 // ForceRelease implements driver.Locks.

@@ -54,6 +54,7 @@ import (
 
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
+	"github.com/warden-go/warden/internal/handoff"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
@@ -92,6 +93,10 @@ const DefaultEventsSize = 8 << 20
 // DefaultEventsRetention is how long events are kept by default.
 const DefaultEventsRetention = time.Minute
 
+// DefaultHandoffPoll is how often the first waiter in a lock's queue reads
+// the lock document while it waits.
+const DefaultHandoffPoll = 10 * time.Millisecond
+
 // Options configure a MongoDB store. The zero value (or nil) is ready to
 // use.
 type Options struct {
@@ -129,6 +134,19 @@ type Options struct {
 	// Logger receives the store's warnings (a server without TTL indexes,
 	// event writes that failed). Nil: slog.Default().
 	Logger *slog.Logger
+	// DisableHandoff stops the store from queueing its lock waiters in the
+	// lock document (lock.Locker's waiters then back off, woken by the
+	// events, and a releaser that asks again at once can take the key
+	// back before them). The zero value queues them: a release hands the
+	// key to the waiter that queued first, across processes. Releases
+	// hand off to the waiters other stores queued either way.
+	DisableHandoff bool
+	// HandoffPoll is how often the first waiter in a lock's queue reads
+	// the lock document (one find by _id) to take a hand-off sooner than
+	// the events tell it; the other waiters read it when an event of the
+	// key arrives. 0: DefaultHandoffPoll (10 ms): at most 100 reads a
+	// second per lock while someone waits for it.
+	HandoffPoll time.Duration
 
 	// tailing replaces the event watcher's timing the capability probe
 	// chooses (tests).
@@ -245,6 +263,8 @@ func parseURL(u *url.URL, base *Options) (*urlConfig, error) {
 	o.DisableEvents = !q.Bool("events", !o.DisableEvents)
 	o.EventsSize = int64(q.Int("events_size", int(o.EventsSize)))
 	o.EventsRetention = q.Duration("events_retention", o.EventsRetention)
+	o.DisableHandoff = !q.Bool("handoff", !o.DisableHandoff)
+	o.HandoffPoll = q.Duration("handoff_poll", o.HandoffPoll)
 	for _, n := range []struct {
 		name string
 		p    *string
@@ -386,6 +406,15 @@ type store struct {
 	tailing  tailTiming                        // how the event watcher waits on this server (the capability probe's only choice)
 	hub      *hub
 
+	// handoff: WaitLock queues waiters (Options.DisableHandoff); handPoll:
+	// Options.HandoffPoll; book: this store's owners in the lock
+	// documents' queues; qhints: the queues its writes last saw
+	// (handoff.go).
+	handoff  bool
+	handPoll time.Duration
+	book     handoff.Book
+	qhints   queueHints
+
 	tries int               // attempts of each retry loop before it gives up: retryLimit (tests lower it)
 	race  func(site string) // tests: called where a retry loop can lose a race (see raced)
 }
@@ -406,6 +435,9 @@ func newStoreOn(ctx context.Context, db *mongo.Database, own bool, server string
 	}
 	if opts.EventsSize < 0 {
 		return nil, errors.New("mongo: negative EventsSize")
+	}
+	if opts.HandoffPoll < 0 {
+		return nil, errors.New("mongo: negative HandoffPoll")
 	}
 	n := opts.Collections
 	seen := map[string]bool{}
@@ -432,10 +464,13 @@ func newStoreOn(ctx context.Context, db *mongo.Database, own bool, server string
 		return nil, fmt.Errorf("mongo: collection name %q is the watchers collection of event collection %q", w, n.Events)
 	}
 	s := &store{db: db, ownDB: own, server: server, prefix: opts.Prefix, names: n, log: opts.logger(),
-		autoIdx: !opts.DisableAutoIndex, evSize: opts.EventsSize,
+		autoIdx: !opts.DisableAutoIndex, evSize: opts.EventsSize, handoff: !opts.DisableHandoff, handPoll: opts.HandoffPoll,
 		lockPfx: opts.Prefix + driver.TagLock, circPfx: opts.Prefix + driver.TagCircuit, cachePfx: opts.Prefix + driver.TagCache}
 	if s.evSize == 0 {
 		s.evSize = DefaultEventsSize
+	}
+	if s.handPoll == 0 {
+		s.handPoll = DefaultHandoffPoll
 	}
 	s.evRetention = opts.EventsRetention
 	if s.evRetention <= 0 {
@@ -539,10 +574,13 @@ func (s *store) Ping(ctx context.Context) error {
 	return ctxErr(ctx, s.db.RunCommand(ctx, bson.D{{Key: "ping", Value: 1}}).Err())
 }
 
-// Close implements driver.Store: it stops the event watcher, writes the
+// Close implements driver.Store: it takes its lock waiters out of the
+// queues (releasing holdings handed to them that no Acquire took), stops
+// the event watcher, writes the
 // events still queued, and disconnects a client the store connected
 // itself. A *mongo.Database handed to New stays connected.
 func (s *store) Close() error {
+	s.leaveAll()
 	first := !s.hub.closed.Swap(true)
 	s.hub.Close()
 	s.hub.closeRegs()
