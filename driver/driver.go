@@ -190,10 +190,10 @@ type LockNotifier interface {
 // LockWaiter is the optional capability of stores that can queue the
 // waiters of a lock in the store and hand a released key to the first of
 // them (MySQL's named locks, GET_LOCK; SQLite's waiters' table; Redis's
-// queue beside the lock record; DynamoDB's queue in the lock item, where
-// the release itself makes the first waiter the holder). The queue only
-// orders and wakes; the lock record alone decides who holds the lock,
-// exactly as without the capability.
+// queue beside the lock record; DynamoDB's and MongoDB's queues in the
+// lock item or document, where the release itself makes the first waiter
+// the holder). The queue only orders and wakes; the lock record alone
+// decides who holds the lock, exactly as without the capability.
 //
 // A waiter whose turn came keeps it — others queue behind it — until its
 // Acquire turns it into a holding, or until LeaveLock. While it has its

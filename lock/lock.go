@@ -466,10 +466,10 @@ func (l *Locker) backoff(n int) time.Duration {
 // again after a jittered exponential back-off between RetryMin and
 // RetryMax that never runs past the holder's expiry, and at once when the
 // store's notifications report that the key was released. On a store
-// that queues waiters itself (driver.LockWaiter: MySQL's named locks) it
-// waits in that queue instead, woken the moment the key is released, in
-// the order the waiters of every process queued. Other waiters
-// of the key in this Locker wait their turn in FIFO order without asking
+// that queues waiters itself (driver.LockWaiter: MySQL, SQLite, Redis,
+// DynamoDB, MongoDB) it waits in that queue instead, woken the moment the
+// key is released, in the order the waiters of every process queued.
+// Other waiters of the key in this Locker wait their turn in FIFO order without asking
 // the store. Transient store errors are retried the same way; invalid
 // arguments and a closed store are returned at once.
 //

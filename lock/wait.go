@@ -9,7 +9,8 @@ import (
 
 // Waiting in the store's queue. On a store that queues lock waiters
 // (driver.LockWaiter: MySQL's named locks, SQLite's waiters' table,
-// Redis's queue beside the record, DynamoDB's queue in the lock item),
+// Redis's queue beside the record, DynamoDB's and MongoDB's queues in the
+// lock record),
 // the first waiter of a key in a Locker waits there between two attempts
 // instead of sleeping a back-off: the store wakes it when the holder
 // releases the key (or, on MySQL, its session ends), in the order the

@@ -32,8 +32,5 @@ var LpkOf = lpkOf
 // SetCloseHook sets a function Close calls once it refuses new queue
 // entries and before it waits for the entry writes in flight.
 func SetCloseHook(st *warden.Store, f func()) {
-	w := &st.Driver().(driverStore).base().waits
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.closeHook = f
+	st.Driver().(driverStore).base().waits.book.SetCloseHook(f)
 }

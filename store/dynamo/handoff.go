@@ -1,10 +1,8 @@
 package dynamo
 
 import (
-	"cmp"
 	"context"
 	"fmt"
-	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -12,6 +10,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/warden-go/warden"
 	"github.com/warden-go/warden/driver"
+	"github.com/warden-go/warden/internal/handoff"
 )
 
 // Fair hand-off across processes: waiters queue on the lock item, and a
@@ -28,21 +27,21 @@ import (
 //   - WaitLock (the lock package's first waiter of a key in a Locker,
 //     after an attempt found the key held) writes owner's entry into the
 //     map — its arrival is the time it first queued, kept while it waits
-//     again — and renews it every turnRenew (an entry lives turnTTL).
-//     It waits, woken by the store's lock events, until the key is handed
-//     to it, is free, or max passed.
+//     again — and renews it every handoff.TurnRenew (an entry lives
+//     handoff.TurnTTL). It waits, woken by the store's lock events,
+//     until the key is handed to it, is free, or max passed.
 //   - Release, when the map holds live entries of other owners, does not
 //     free the item: in the same one conditional UpdateItem it makes the
 //     entry with the earliest arrival the holder, with the next token and
-//     an expiry handGrace away, and removes that entry. The releaser that
-//     asks again finds the key held and queues behind. The new holder's
-//     Acquire, once its WaitLock saw the hand-off, renews that holding
-//     with its own TTL (one Refresh).
-//   - A waiter that dies keeps its entry at most turnTTL; a holding handed
-//     to it lapses handGrace after the release, and its entry is gone
-//     with the hand-off. A waiter that gives up (LeaveLock) removes its
-//     entry and releases a holding handed to it that its Acquire did not
-//     take, which hands the key on.
+//     an expiry handoff.Grace away, and removes that entry. The releaser
+//     that asks again finds the key held and queues behind. The new
+//     holder's Acquire, once its WaitLock saw the hand-off, renews that
+//     holding with its own TTL (one Refresh).
+//   - A waiter that dies keeps its entry at most handoff.TurnTTL; a
+//     holding handed to it lapses handoff.Grace after the release, and
+//     its entry is gone with the hand-off. A waiter that gives up
+//     (LeaveLock) removes its entry and releases a holding handed to it
+//     that its Acquire did not take, which hands the key on.
 //
 // The item alone decides who holds the lock, as before: a hand-off is one
 // conditional write from one holding to the next, with a greater token;
@@ -56,14 +55,6 @@ import (
 const (
 	// aWaiters is the lock item's queue: owner → {a, u}.
 	aWaiters = "waiters"
-	// turnTTL is how long a queue entry lives unless renewed.
-	turnTTL = 2 * time.Second
-	// turnRenew is how often a waiting WaitLock renews its entry.
-	turnRenew = turnTTL / 4
-	// handGrace is the expiry of a holding handed to a waiter, from the
-	// release: the longest a waiter that died or stalled after queuing
-	// keeps the others from the key, once.
-	handGrace = 2 * time.Second
 	// maxDrop bounds the lapsed entries one write removes by name (a
 	// release: 50; a renewal: maxPrune), keeping its expression well under
 	// DynamoDB's 4 KB.
@@ -71,44 +62,20 @@ const (
 	maxPrune = 8
 )
 
-// waitKey names one owner waiting for one lock item.
-type waitKey struct{ pk, owner string }
+// waitKey names one owner waiting for one lock item (its pk).
+type waitKey = handoff.Key
 
 // waits is what a store knows of its owners' places in the lock items'
-// queues, and what its watcher saw of the items they wait for.
+// queues (book), and what its watcher saw of the items they wait for.
 type waits struct {
-	mu sync.Mutex
-	// queued: owners of this store with an entry (or about to write one)
-	// in a lock item's queue, and their arrival (ms).
-	queued map[waitKey]int64
-	// handed: holdings handed to owners of this store that their Acquire
-	// has not taken yet.
-	handed map[waitKey]handedTo
+	book handoff.Book
+	mu   sync.Mutex
 	// seen: for each lock item a WaitLock of this store waits for, the
 	// last state the watcher read, and how many waits look at it.
 	seen map[string]*seenLock
 	// hints: for lock items this store wrote last with waiters in their
 	// queue, the queue as it was then (a release's first guess).
 	hints map[string]item
-	// noQueue: lock items held by a service of the go-go-scope layout,
-	// which take no queue, until the holding's expiry (ms).
-	noQueue map[string]int64
-	// closing is set by Close before it takes its owners out of the
-	// queues; writing holds the entry writes in flight (each closes its
-	// channel when done), which Close waits for — up to leaveWait — so
-	// that no entry is written after Close removed its owners'.
-	closing bool
-	writing map[chan struct{}]struct{}
-	// closeHook, if set (tests), is called by Close once closing is set.
-	closeHook func()
-}
-
-// handedTo is a holding handed to a waiter: its token, and whether the
-// waiter's entry may still be in the queue (written again by a renewal
-// that crossed the hand-off).
-type handedTo struct {
-	token int64
-	entry bool
 }
 
 type seenLock struct {
@@ -136,12 +103,12 @@ func lockStateOf(it item) lockState {
 	q, _ := queueOf(it)
 	for _, e := range q {
 		switch {
-		case e.until <= now:
+		case e.Until <= now:
 			if len(st.lapsed) < maxPrune {
-				st.lapsed = append(st.lapsed, e.owner)
+				st.lapsed = append(st.lapsed, e.Owner)
 			}
-		case st.first == "" && e.owner != st.owner:
-			st.first = e.owner
+		case st.first == "" && e.Owner != st.owner:
+			st.first = e.Owner
 		}
 	}
 	return st
@@ -163,53 +130,34 @@ func (a lockState) newer(b lockState) bool {
 // live reports whether the holding is live at now (ms).
 func (a lockState) live(now int64) bool { return a.known && !a.released && a.exp > now }
 
-// entry is one waiter's entry in a queue.
-type entry struct {
-	owner   string
-	arrival int64
-	until   int64
-}
-
-// queueOf returns the entries of an item's queue, earliest arrival first
-// (owner breaks ties); other reports a waiters attribute that is not a
-// map (written by another program: a release removes it).
-func queueOf(it item) (q []entry, other bool) {
+// queueOf returns the entries of an item's queue, earliest arrival first;
+// other reports a waiters attribute that is not a map (written by another
+// program: a release removes it).
+func queueOf(it item) (q []handoff.Entry, other bool) {
 	v, present := it[aWaiters]
 	m, ok := v.(*types.AttributeValueMemberM)
 	if !ok {
 		return nil, present
 	}
-	q = make([]entry, 0, len(m.Value))
+	q = make([]handoff.Entry, 0, len(m.Value))
 	for o, v := range m.Value {
-		e := entry{owner: o}
+		e := handoff.Entry{Owner: o, Name: o}
 		if mv, ok := v.(*types.AttributeValueMemberM); ok {
-			e.arrival, e.until = gN(mv.Value, "a"), gN(mv.Value, "u")
+			e.Arrival, e.Until = gN(mv.Value, "a"), gN(mv.Value, "u")
 		}
 		q = append(q, e)
 	}
-	slices.SortFunc(q, func(x, y entry) int {
-		if c := cmp.Compare(x.arrival, y.arrival); c != 0 {
-			return c
-		}
-		return cmp.Compare(x.owner, y.owner)
-	})
+	handoff.Sort(q)
 	return q, false
 }
 
-// pickNext chooses, from a queue, the owner a release by owner hands the
-// key to (the live entry of another owner with the earliest arrival; ""
-// for none) and the entries the release removes besides it: owner's own
-// and lapsed ones.
-func pickNext(q []entry, owner string, now int64) (next string, drop []string) {
-	for _, e := range q {
-		switch {
-		case e.owner == owner || e.until <= now:
-			drop = append(drop, e.owner)
-		case next == "":
-			next = e.owner
-		}
+// owners returns the owners of entries.
+func owners(es []handoff.Entry) []string {
+	var os []string
+	for _, e := range es {
+		os = append(os, e.Owner)
 	}
-	return next, drop
+	return os
 }
 
 // noteQueue remembers the queue of pk's item as a write saw it, for the
@@ -288,57 +236,6 @@ func (s *store) seenState(pk string) lockState {
 	return lockState{}
 }
 
-// arrival returns k's arrival, recording now as its arrival if it has
-// none: a waiter keeps its place while it waits again.
-func (s *store) arrival(k waitKey) int64 {
-	w := &s.waits
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if a, ok := w.queued[k]; ok {
-		return a
-	}
-	if w.queued == nil {
-		w.queued = map[waitKey]int64{}
-	}
-	a := nowMs()
-	w.queued[k] = a
-	return a
-}
-
-func (s *store) setHanded(k waitKey, h handedTo) {
-	w := &s.waits
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.handed == nil {
-		w.handed = map[waitKey]handedTo{}
-	}
-	w.handed[k] = h
-}
-
-// takeHanded returns the holding handed to k that its Acquire has not
-// taken yet, and forgets it.
-func (s *store) takeHanded(k waitKey) (handedTo, bool) {
-	w := &s.waits
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	t, ok := w.handed[k]
-	delete(w.handed, k)
-	return t, ok
-}
-
-// dequeue forgets k's place and any holding handed to it; it reports
-// whether k was queued or handed a holding.
-func (s *store) dequeue(k waitKey) (queued bool, handed handedTo, wasHanded bool) {
-	w := &s.waits
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	_, queued = w.queued[k]
-	handed, wasHanded = w.handed[k]
-	delete(w.queued, k)
-	delete(w.handed, k)
-	return queued, handed, wasHanded
-}
-
 // entryNames returns the expression names of the queue entries of owners,
 // as #w0, #w1, …, and the paths "#waiters.#wN" joined by commas.
 func entryNames(owners []string, names map[string]string) string {
@@ -360,27 +257,14 @@ func entryNames(owners []string, names map[string]string) string {
 // written by a service of the go-go-scope layout, or with a waiters
 // attribute of another program's): then st is the item read, or unknown.
 func (s *store) keepPlace(ctx context.Context, k waitKey, prune []string) (st lockState, ok bool, err error) {
-	w := &s.waits
-	w.mu.Lock()
-	if w.closing {
-		w.mu.Unlock()
+	done, ok := s.waits.book.StartWrite()
+	if !ok {
 		return lockState{}, false, errClosed
 	}
-	done := make(chan struct{})
-	if w.writing == nil {
-		w.writing = map[chan struct{}]struct{}{}
-	}
-	w.writing[done] = struct{}{}
-	w.mu.Unlock()
-	defer func() {
-		w.mu.Lock()
-		delete(w.writing, done)
-		w.mu.Unlock()
-		close(done)
-	}()
-	arr := s.arrival(k)
+	defer done()
+	arr := s.waits.book.Arrival(k, nowMs())
 	entry := func() types.AttributeValue {
-		return &types.AttributeValueMemberM{Value: item{"a": vN(arr), "u": vN(nowMs() + driver.Millis(turnTTL))}}
+		return &types.AttributeValueMemberM{Value: item{"a": vN(arr), "u": vN(nowMs() + driver.Millis(handoff.TurnTTL))}}
 	}
 	join := func() (item, bool, error) {
 		// Entries of others found lapsed at the last read go too (a
@@ -388,17 +272,17 @@ func (s *store) keepPlace(ctx context.Context, k waitKey, prune []string) (st lo
 		// removes them while the key stays held.
 		var dead []string
 		for _, o := range prune {
-			if o != k.owner {
+			if o != k.Owner {
 				dead = append(dead, o)
 			}
 		}
-		names := map[string]string{"#w0": k.owner}
+		names := map[string]string{"#w0": k.Owner}
 		upd := "SET #waiters.#w0 = :e"
 		if len(dead) > 0 {
-			rm := entryNames(append([]string{k.owner}, dead...), names) // #w0 is owner's own
+			rm := entryNames(append([]string{k.Owner}, dead...), names) // #w0 is owner's own
 			upd += " REMOVE " + rm[len("#waiters.#w0, "):]
 		}
-		attrs, failed, _, err := s.updateNames(ctx, "waiting for lock", k.pk, metaSK,
+		attrs, failed, _, err := s.updateNames(ctx, "waiting for lock", k.PK, metaSK,
 			upd, "attribute_exists(#waiters)", names, item{":e": entry()}, types.ReturnValueAllNew)
 		prune = nil // once
 		return attrs, !failed, err
@@ -407,15 +291,15 @@ func (s *store) keepPlace(ctx context.Context, k waitKey, prune []string) (st lo
 	if err != nil || ok {
 		return lockStateOf(attrs), ok, err
 	}
-	attrs, failed, _, err := s.updateNames(ctx, "waiting for lock", k.pk, metaSK,
+	attrs, failed, _, err := s.updateNames(ctx, "waiting for lock", k.PK, metaSK,
 		"SET #waiters = :m", "attribute_not_exists(#waiters) AND attribute_exists(#expiresAtMs)", nil,
-		item{":m": &types.AttributeValueMemberM{Value: item{k.owner: entry()}}}, types.ReturnValueAllNew)
+		item{":m": &types.AttributeValueMemberM{Value: item{k.Owner: entry()}}}, types.ReturnValueAllNew)
 	if err != nil || !failed {
 		return lockStateOf(attrs), !failed, err
 	}
 	// No queue to join and none created: the item is absent or not of
 	// warden's layout — or the queue appeared between the two writes.
-	it, err := s.get(ctx, "reading lock", k.pk, metaSK)
+	it, err := s.get(ctx, "reading lock", k.PK, metaSK)
 	if err != nil {
 		return lockState{}, false, err
 	}
@@ -424,7 +308,7 @@ func (s *store) keepPlace(ctx context.Context, k waitKey, prune []string) (st lo
 		if err != nil || ok {
 			return lockStateOf(attrs), ok, err
 		}
-		key, _ := cutPrefix(k.pk, s.lockPfx)
+		key, _ := cutPrefix(k.PK, s.lockPfx)
 		return lockState{}, false, &contendedError{op: "waiting for lock", key: key, tries: 3}
 	}
 	if it == nil {
@@ -434,39 +318,20 @@ func (s *store) keepPlace(ctx context.Context, k waitKey, prune []string) (st lo
 	if st.live(nowMs()) && !has(it, aExp) {
 		// A holding of the go-go-scope layout: do not try again before it
 		// ends.
-		s.hintNoQueue(k.pk, st.exp)
+		s.waits.book.HintNoQueue(k.PK, st.exp)
 	}
 	return st, false, nil
-}
-
-// hintNoQueue remembers that pk's item cannot take a queue until exp
-// (ms): its WaitLocks decline without a request until then.
-func (s *store) hintNoQueue(pk string, exp int64) {
-	w := &s.waits
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.noQueue == nil || len(w.noQueue) >= maxHints {
-		w.noQueue = map[string]int64{}
-	}
-	w.noQueue[pk] = exp
-}
-
-func (s *store) noQueueUntil(pk string) int64 {
-	w := &s.waits
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.noQueue[pk]
 }
 
 // leavePlace removes k's entry from its item's queue and returns the
 // item's state afterwards (unknown if the item has no queue).
 func (s *store) leavePlace(ctx context.Context, k waitKey) (lockState, error) {
-	attrs, failed, _, err := s.updateNames(ctx, "leaving lock queue", k.pk, metaSK,
-		"REMOVE #waiters.#w0", "attribute_exists(#waiters)", map[string]string{"#w0": k.owner}, nil, types.ReturnValueAllNew)
+	attrs, failed, _, err := s.updateNames(ctx, "leaving lock queue", k.PK, metaSK,
+		"REMOVE #waiters.#w0", "attribute_exists(#waiters)", map[string]string{"#w0": k.Owner}, nil, types.ReturnValueAllNew)
 	if err != nil || failed {
 		return lockState{}, err
 	}
-	s.noteQueue(k.pk, attrs)
+	s.noteQueue(k.PK, attrs)
 	return lockStateOf(attrs), nil
 }
 
@@ -486,7 +351,7 @@ func (s notifyStore) WaitLock(ctx context.Context, key, owner string, limit time
 			return false, fmt.Errorf("dynamo: waiting for lock: %s: %w", v.what, err)
 		}
 	}
-	if nowMs() < s.noQueueUntil(s.lockPfx+key) {
+	if nowMs() < s.waits.book.NoQueueUntil(s.lockPfx+key) {
 		return false, nil // held by a service of the go-go-scope layout: poll
 	}
 	if dl, ok := ctx.Deadline(); ok {
@@ -496,13 +361,13 @@ func (s notifyStore) WaitLock(ctx context.Context, key, owner string, limit time
 		return ctx.Err() == nil, ctx.Err()
 	}
 	end := time.Now().Add(limit)
-	k := waitKey{s.lockPfx + key, owner}
+	k := waitKey{PK: s.lockPfx + key, Owner: owner}
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	// Subscribed before the queue entry is written: the hand-off that
 	// follows it is seen.
-	s.watchSeen(k.pk, 1)
-	defer s.watchSeen(k.pk, -1)
+	s.watchSeen(k.PK, 1)
+	defer s.watchSeen(k.PK, -1)
 	evs, err := s.hub.WatchLocks(wctx)
 	if err != nil {
 		return false, ctx.Err()
@@ -512,7 +377,7 @@ func (s notifyStore) WaitLock(ctx context.Context, key, owner string, limit time
 		return false, ctx.Err()
 	}
 	if !ok {
-		s.dequeue(k)
+		s.waits.book.Dequeue(k)
 		// Nothing to queue on: absent or free, try now; a live holding of
 		// the go-go-scope layout: poll.
 		return cur.known && !cur.live(nowMs()), nil
@@ -522,19 +387,19 @@ func (s notifyStore) WaitLock(ctx context.Context, key, owner string, limit time
 	timer := time.NewTimer(limit)
 	defer timer.Stop()
 	for {
-		if st := s.seenState(k.pk); st.newer(cur) {
+		if st := s.seenState(k.PK); st.newer(cur) {
 			cur, entry = st, false
 		}
 		now := nowMs()
 		switch {
 		case cur.live(now) && cur.owner == owner:
-			s.setHanded(k, handedTo{cur.token, entry})
+			s.waits.book.SetHanded(k, handoff.Handed{Token: cur.token, Entry: entry})
 			return true, nil
 		case !cur.live(now):
 			return true, nil
 		}
 		wake := end
-		at := []time.Time{renewed.Add(turnRenew), msTime(cur.exp + 1)}
+		at := []time.Time{renewed.Add(handoff.TurnRenew), msTime(cur.exp + 1)}
 		if cur.first == owner {
 			at = append(at, read.Add(s.handPoll))
 		}
@@ -560,9 +425,9 @@ func (s notifyStore) WaitLock(ctx context.Context, key, owner string, limit time
 		if !sent.Before(end) {
 			return true, nil
 		}
-		if sent.Before(renewed.Add(turnRenew)) && sent.UnixMilli() <= cur.exp && cur.first == owner {
+		if sent.Before(renewed.Add(handoff.TurnRenew)) && sent.UnixMilli() <= cur.exp && cur.first == owner {
 			// First in the queue: read the item.
-			it, err := s.get(ctx, "reading lock", k.pk, metaSK)
+			it, err := s.get(ctx, "reading lock", k.PK, metaSK)
 			if err != nil {
 				return false, ctx.Err()
 			}
@@ -582,7 +447,7 @@ func (s notifyStore) WaitLock(ctx context.Context, key, owner string, limit time
 			return false, ctx.Err()
 		}
 		if !ok {
-			s.dequeue(k)
+			s.waits.book.Dequeue(k)
 			return st.known && !st.live(nowMs()), nil
 		}
 		cur, renewed, read, entry = st, sent, sent, true
@@ -591,90 +456,45 @@ func (s notifyStore) WaitLock(ctx context.Context, key, owner string, limit time
 
 // LeaveLock implements driver.LockWaiter: owner's entry leaves key's
 // queue, and a holding handed to owner that its Acquire did not take is
-// released (handing the key on). The requests are bounded by leaveWait.
+// released (handing the key on). The requests are bounded by handoff.LeaveWait.
 func (s *store) LeaveLock(key, owner string) {
-	k := waitKey{s.lockPfx + key, owner}
-	queued, h, handed := s.dequeue(k)
+	k := waitKey{PK: s.lockPfx + key, Owner: owner}
+	queued, h, handed := s.waits.book.Dequeue(k)
 	if !queued && !handed {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), leaveWait)
+	ctx, cancel := context.WithTimeout(context.Background(), handoff.LeaveWait)
 	defer cancel()
-	s.leave(ctx, k, h.token, handed)
+	s.leave(ctx, k, h.Token, handed)
 }
-
-// leaveWait bounds the requests of a LeaveLock and of Close's leaving.
-const leaveWait = time.Second
 
 func (s *store) leave(ctx context.Context, k waitKey, token int64, handed bool) {
 	st, err := s.leavePlace(ctx, k)
 	if err != nil {
 		return
 	}
-	if st.live(nowMs()) && st.owner == k.owner {
+	if st.live(nowMs()) && st.owner == k.Owner {
 		token, handed = st.token, true
 	}
 	if handed {
 		// Only a holding no Acquire or Refresh took (its handoff mark):
 		// never a lease, whichever call of this owner took it.
-		key, _ := cutPrefix(k.pk, s.lockPfx)
-		_, _ = s.release(ctx, key, k.owner, token, true)
+		key, _ := cutPrefix(k.PK, s.lockPfx)
+		_, _ = s.release(ctx, key, k.Owner, token, true)
 	}
 }
 
 // leaveAll, as the store closes, takes its owners out of the queues and
 // releases holdings handed to them that no Acquire took.
 func (s *store) leaveAll() {
-	w := &s.waits
-	w.mu.Lock()
-	w.closing = true
-	var writing []chan struct{}
-	for ch := range w.writing {
-		writing = append(writing, ch)
-	}
-	hook := w.closeHook
-	w.mu.Unlock()
-	if hook != nil {
-		hook()
-	}
-	if len(writing) > 0 {
-		t := time.NewTimer(leaveWait)
-	wait:
-		for _, ch := range writing {
-			select {
-			case <-ch:
-			case <-t.C:
-				break wait // a server gone: those entries lapse (turnTTL)
-			}
-		}
-		t.Stop()
-	}
-	w.mu.Lock()
-	type left struct {
-		k      waitKey
-		token  int64
-		handed bool
-	}
-	var ls []left
-	for k := range w.queued {
-		h, ok := w.handed[k]
-		ls = append(ls, left{k, h.token, ok})
-	}
-	for k, h := range w.handed {
-		if _, ok := w.queued[k]; !ok {
-			ls = append(ls, left{k, h.token, true})
-		}
-	}
-	clear(w.queued)
-	clear(w.handed)
-	w.mu.Unlock()
+	ls := s.waits.book.Close()
 	if len(ls) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), leaveWait)
+	ctx, cancel := context.WithTimeout(context.Background(), handoff.LeaveWait)
 	defer cancel()
 	for _, l := range ls {
-		s.leave(ctx, l.k, l.token, l.handed)
+		s.leave(ctx, l.Key, l.Token, l.Handed)
 	}
 }
 

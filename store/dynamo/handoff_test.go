@@ -356,7 +356,7 @@ func putEntry(t *testing.T, table, key, owner string, arrival, until int64) {
 
 // TestHandoffDeadWaiterBounded: the first waiter in the queue is dead (its
 // entry written as a WaitLock writes it, never renewed). The release hands
-// it the key with an expiry of exactly handGrace (2 s) from the release,
+// it the key with an expiry of exactly handoff.Grace (2 s) from the release,
 // and removes its entry; a live waiter queued behind it gets the key once
 // that holding lapses, and a dead entry whose time ran out is skipped
 // and removed.

@@ -7,6 +7,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/warden-go/warden/driver"
+	"github.com/warden-go/warden/internal/handoff"
 )
 
 // locks is the lock driver. A lock is one item (pk LOCK#<prefix>lock:<key>,
@@ -101,7 +102,7 @@ func acquireForm(f int) (cond, version string) {
 func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (driver.LockRecord, bool, error) {
 	rec, ok, err := l.acquire(ctx, key, owner, ttl)
 	if ok {
-		l.s.acquired(ctx, waitKey{l.s.lockPfx + key, owner})
+		l.s.acquired(ctx, waitKey{PK: l.s.lockPfx + key, Owner: owner})
 	}
 	return rec, ok, err
 }
@@ -110,8 +111,8 @@ func (l locks) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 // the item's queue is given up (a hand-off removed it already; otherwise
 // one more UpdateItem, on the contended path only).
 func (s *store) acquired(ctx context.Context, k waitKey) {
-	queued, h, handed := s.dequeue(k)
-	if queued && (!handed || h.entry) {
+	queued, h, handed := s.waits.book.Dequeue(k)
+	if queued && (!handed || h.Entry) {
 		_, _ = s.leavePlace(ctx, k)
 	}
 }
@@ -119,12 +120,12 @@ func (s *store) acquired(ctx context.Context, k waitKey) {
 func (l locks) acquire(ctx context.Context, key, owner string, ttl time.Duration) (driver.LockRecord, bool, error) {
 	s := l.s
 	pk := s.lockPfx + key
-	if h, ok := s.takeHanded(waitKey{pk, owner}); ok {
+	if h, ok := s.waits.book.TakeHanded(waitKey{PK: pk, Owner: owner}); ok {
 		// Its WaitLock saw the key handed to owner: take the holding with
 		// owner's TTL, one request. If it lapsed meanwhile, acquire.
-		if r, ok, err := l.Refresh(ctx, key, owner, h.token, ttl); err != nil || ok {
+		if r, ok, err := l.Refresh(ctx, key, owner, h.Token, ttl); err != nil || ok {
 			if ok {
-				s.setHanded(waitKey{pk, owner}, h) // for acquired: whether the entry went with the hand-off
+				s.waits.book.SetHanded(waitKey{PK: pk, Owner: owner}, h) // for acquired: whether the entry went with the hand-off
 			}
 			return r, ok, err
 		}
@@ -282,7 +283,7 @@ func btoi(b bool) int {
 // Release implements driver.Locks: one conditional UpdateItem. The item is
 // kept, marked released — or, when other owners wait in the item's queue,
 // handed to the one that queued first (handoff.go): it becomes the holder,
-// with the next token and an expiry handGrace away, in the same request.
+// with the next token and an expiry handoff.Grace away, in the same request.
 // The condition of the plain release requires an empty queue; a release
 // that finds waiters it did not know of reads them from the failed
 // condition's copy of the item (or one GetItem) and writes again.
@@ -307,7 +308,11 @@ func (s *store) release(ctx context.Context, key, owner string, token int64, unt
 		req := reqID()
 		vals := item{":o": vS(owner), ":t": vN(token), ":now": vN(now), ":req": vS(req)}
 		names := map[string]string{}
-		next, drop := pickNext(q, owner, now)
+		nextE, handTo, dropE := handoff.PickNext(q, owner, now)
+		next, drop := "", owners(dropE)
+		if handTo {
+			next = nextE.Owner
+		}
 		if other {
 			// A waiters attribute of another type, written by another
 			// program: the plain release removes it (a map written since
@@ -338,7 +343,7 @@ func (s *store) release(ctx context.Context, key, owner string, token int64, unt
 		switch {
 		case next != "":
 			// Hand the key to next: a new holding, token max(t+1, base).
-			exp := now + driver.Millis(handGrace)
+			exp := now + driver.Millis(handoff.Grace)
 			vals[":n"] = vS(next)
 			vals[":nv"] = vN(max(token+1, driver.TokenBaseMicro(t)))
 			vals[":exp"] = vN(exp)
