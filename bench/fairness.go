@@ -30,7 +30,7 @@ func fairnessCases() []Case {
 		stores = append(stores, st{"redis (queue beside the record, BLPOP)", func(*testing.B) string { return redisURL(u) }})
 	}
 	if u := os.Getenv(mongoEnv); u != "" {
-		stores = append(stores, st{"mongodb (capped collection, tailable cursor)", func(*testing.B) string { return mongoURL(u) }})
+		stores = append(stores, st{"mongodb (queue in the lock document, events tailed)", func(*testing.B) string { return mongoURL(u) }})
 	}
 	if u := os.Getenv(dynamoEnv); u != "" {
 		stores = append(stores, st{"dynamodb (queue in the lock item, events index polled)", func(*testing.B) string { return dynamoURL(u) }})

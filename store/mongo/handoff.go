@@ -240,21 +240,31 @@ func (s *store) keepPlace(ctx context.Context, k handoff.Key, prune []handoff.En
 	}
 	var d lockDoc
 	err = s.locks.FindOneAndUpdate(ctx, append(s.nsKey(k.PK), queueable), upd, after1()).Decode(&d)
-	if err == nil {
+	set := err == nil // owner's entry is in the queue
+	if set {
 		s.noteQueue(k.PK, &d)
-		return stateOf(&d), true, nil
-	}
-	if !errors.Is(err, mongo.ErrNoDocuments) {
+		st := stateOf(&d)
+		if st.live(nowMs()) {
+			return st, true, nil
+		}
+		// Free by warden's document: the key may be held by a service of
+		// the go-go-scope layout (a document of its own), which the waiter
+		// would find at once, again and again.
+	} else if !errors.Is(err, mongo.ErrNoDocuments) {
 		return lockState{}, false, ctxErr(ctx, err)
 	}
-	// No document of warden's with a queue to join: read what holds the
-	// key.
+	// No live holding of warden's with a queue to join: read what holds
+	// the key.
 	key, _ := strings.CutPrefix(k.PK, s.lockPfx)
 	rec, held, err := locks{s}.Get(ctx, key)
 	if err != nil {
 		return lockState{}, false, err
 	}
-	if !held {
+	switch {
+	case set && !held:
+		// Free: the caller tries at once, its entry kept (its place).
+		return stateOf(&d), true, nil
+	case !held:
 		return stateOf(nil), false, nil
 	}
 	st = lockState{known: true, owner: rec.Owner, token: rec.Token, exp: rec.ExpiresAt.UnixMilli()}
@@ -262,6 +272,10 @@ func (s *store) keepPlace(ctx context.Context, k handoff.Key, prune []handoff.En
 		// A holding of the go-go-scope layout (no token): do not try
 		// again before it ends.
 		s.book.HintNoQueue(k.PK, st.exp)
+	}
+	if set {
+		// The entry just set waits on nothing: take it out.
+		_, _ = s.leavePlace(ctx, k)
 	}
 	return st, false, nil
 }

@@ -1,13 +1,18 @@
 package mongo_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -662,5 +667,109 @@ func TestHandoffCloseWaitsForEntryWrite(t *testing.T) {
 	<-waited
 	if q := h.queued("k"); len(q) != 0 {
 		t.Errorf("queue %v after Close: an entry of the closed store stays to be handed the key", q)
+	}
+}
+
+// TestHandoffNodeDocAfterRelease: warden's document of a key is released
+// and a service of the go-go-scope layout holds the key with a document
+// of its own. A wait finds warden's document free, but must not send its
+// waiter to try again at once (it would find the key held, again and
+// again): it declines, takes its entry out, and later waits while that
+// holding lasts cost no command.
+func TestHandoffNodeDocAfterRelease(t *testing.T) {
+	ctx := t.Context()
+	h := newHQ(t)
+	var n counter
+	st := h.countingStore(&n)
+	rec, ok, err := st.Locks().Acquire(ctx, "k", "holder", time.Minute)
+	if err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	if ok, err := st.Locks().Release(ctx, "k", "holder", rec.Token); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	if _, err := h.locks.InsertOne(ctx, bson.D{{Key: "key", Value: h.prefix + "lock:k"}, {Key: "owner", Value: "node"},
+		{Key: "expiresAt", Value: time.Now().Add(time.Hour)}, {Key: "createdAt", Value: time.Now()}}); err != nil {
+		t.Fatal(err)
+	}
+	w := st.Driver().(driver.LockWaiter)
+	for i, want := range []int64{3, 0} {
+		before := n.cmds.Load()
+		again, err := w.WaitLock(ctx, "k", "waiter", time.Minute)
+		if err != nil || again {
+			t.Fatalf("wait %d on a key a go-go-scope service holds: %v, %v; want it to decline", i, again, err)
+		}
+		if got := n.cmds.Load() - before; got > want {
+			t.Errorf("wait %d on a key a go-go-scope service holds: %d commands, want at most %d", i, got, want)
+		}
+	}
+	if q := h.queued("k"); len(q) != 0 {
+		t.Errorf("queue %v after declined waits, want none", q)
+	}
+}
+
+// TestHandoffKilledWaiter: the first waiter in the queue is a process that
+// is SIGKILLed while it waits, its entry still live. The release hands it
+// the key (it cannot know), for exactly 2 s from the release; the waiter
+// of this process queued behind it takes the key once that holding lapses,
+// with a greater token. A dead waiter delays the others once, by a bounded
+// time.
+func TestHandoffKilledWaiter(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	h := newHQ(t)
+	st := h.store(nil)
+	rec, ok, err := st.Locks().Acquire(ctx, "k", "holder", time.Hour)
+	if err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	spec, _ := json.Marshal(handoffSpec{URL: serverURL(t, h.prefix), Key: "k"})
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), handoffChildEnv+"="+string(spec))
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	defer cmd.Process.Kill()
+	if sc := bufio.NewScanner(out); !sc.Scan() || sc.Text() != "waiting" {
+		t.Fatalf("the waiter process said %q, want waiting", sc.Text())
+	}
+	waitUntil(t, ctx, "the waiter process to queue", func() bool { return len(h.queued("k")) == 1 })
+	l := h.locker(h.store(nil))
+	got := fairtest.AcquireAsync(ctx, l, "k")
+	waitUntil(t, ctx, "the waiter of this process to queue", func() bool { return len(h.queued("k")) == 2 })
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait() // dead before the release
+	if ok, err := st.Locks().Release(ctx, "k", "holder", rec.Token); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	d := h.doc("k")
+	if o, _ := d["owner"].(string); !strings.HasPrefix(o, "waiter") {
+		t.Fatalf("the release left the key to %q, want the killed waiter, first in the queue", o)
+	}
+	handedExp, handedToken := ms(d["expiresAt"]), ms(d["token"])
+	if handedExp != ms(d["acquiredAt"])+2000 {
+		t.Errorf("the killed waiter's holding runs from %d to %d, want exactly 2000 ms", ms(d["acquiredAt"]), handedExp)
+	}
+	r := <-got
+	if r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	d = h.doc("k")
+	if d["owner"] != l.Owner() || r.Lease.Token() <= handedToken || r.Lease.Token() <= rec.Token {
+		t.Errorf("the live waiter holds token %d (document owner %q) after the killed waiter's %d", r.Lease.Token(), d["owner"], handedToken)
+	}
+	if ms(d["acquiredAt"]) < handedExp {
+		t.Errorf("the live waiter's holding began at %d, before the killed waiter's lapsed at %d", ms(d["acquiredAt"]), handedExp)
+	}
+	if err := r.Lease.Release(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
