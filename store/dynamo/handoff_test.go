@@ -1,14 +1,11 @@
 package dynamo_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -69,8 +66,7 @@ func counterKey(prefix string) map[string]types.AttributeValue {
 
 // runHandoffChild: Workers Lockers, each on a store of its own, take the
 // key "fair" in turn, bump the counter and hold the key 1 ms, until the
-// counter passes Total. It writes "r" once ready, starts on a line from
-// stdin, and writes its FairResult as JSON.
+// counter passes Total (fairtest.Child).
 func runHandoffChild(js string) int {
 	var cfg handoffChild
 	if err := json.Unmarshal([]byte(js), &cfg); err != nil {
@@ -96,27 +92,21 @@ func runHandoffChild(js string) int {
 		defer l.Close()
 		lockers = append(lockers, l)
 	}
-	fmt.Println("r")
-	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
-	}
-	res := fairtest.Run(ctx, lockers, "fair", cfg.Total, time.Millisecond, func(ctx context.Context) (int64, error) {
-		out, err := c.UpdateItem(ctx, &dynamodb.UpdateItemInput{
-			TableName: &cfg.Table, Key: counterKey(cfg.Prefix),
-			UpdateExpression:          aws.String("ADD #n :one"),
-			ExpressionAttributeNames:  map[string]string{"#n": "n"},
-			ExpressionAttributeValues: map[string]types.AttributeValue{":one": nN(1)},
-			ReturnValues:              types.ReturnValueUpdatedNew,
+	return fairtest.Child(func() testkit.FairResult {
+		return fairtest.Run(ctx, lockers, "fair", cfg.Total, time.Millisecond, func(ctx context.Context) (int64, error) {
+			out, err := c.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+				TableName: &cfg.Table, Key: counterKey(cfg.Prefix),
+				UpdateExpression:          aws.String("ADD #n :one"),
+				ExpressionAttributeNames:  map[string]string{"#n": "n"},
+				ExpressionAttributeValues: map[string]types.AttributeValue{":one": nN(1)},
+				ReturnValues:              types.ReturnValueUpdatedNew,
+			})
+			if err != nil {
+				return 0, err
+			}
+			return strconv.ParseInt(out.Attributes["n"].(*types.AttributeValueMemberN).Value, 10, 64)
 		})
-		if err != nil {
-			return 0, err
-		}
-		return strconv.ParseInt(out.Attributes["n"].(*types.AttributeValueMemberN).Value, 10, 64)
 	})
-	b, _ := json.Marshal(res)
-	fmt.Println(string(b))
-	return 0
 }
 
 // TestHandoffFairAcrossProcesses: 2 processes × 4 workers (a Locker and a
@@ -145,59 +135,7 @@ func handoffFairRun(t *testing.T, attempt int) bool {
 	st.Close()
 	cfg := handoffChild{Endpoint: endpoint(t), Table: table, Prefix: prefix, Workers: workers, Total: total}
 	js, _ := json.Marshal(cfg)
-	type child struct {
-		cmd *exec.Cmd
-		in  io.WriteCloser
-		out *bufio.Reader
-	}
-	var children []child
-	for range procs {
-		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), handoffChildEnv+"="+string(js))
-		cmd.Stderr = os.Stderr
-		in, err := cmd.StdinPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-		children = append(children, child{cmd, in, bufio.NewReader(out)})
-	}
-	line := func(r *bufio.Reader) string {
-		s, err := r.ReadString('\n')
-		if err != nil {
-			t.Fatalf("child output: %v", err)
-		}
-		return strings.TrimSuffix(s, "\n")
-	}
-	for _, c := range children {
-		if s := line(c.out); s != "r" {
-			t.Fatalf("child not ready: %q", s)
-		}
-	}
-	for _, c := range children {
-		if _, err := io.WriteString(c.in, "g\n"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var results []testkit.FairResult
-	for i, c := range children {
-		s := line(c.out)
-		if err := c.cmd.Wait(); err != nil {
-			t.Fatalf("child %d: %v", i, err)
-		}
-		var r testkit.FairResult
-		if err := json.Unmarshal([]byte(s), &r); err != nil {
-			t.Fatalf("child %d: %v (%q)", i, err, s)
-		}
-		results = append(results, r)
-	}
+	results := fairtest.Children(t, ctx, procs, handoffChildEnv, string(js))
 	return testkit.CheckFair(t, results, workers, total)
 }
 

@@ -87,9 +87,8 @@ func runHandoffChild(js string) int {
 }
 
 // runFairChild: Workers Lockers, each on a store of its own, take the key
-// in turn until the counter, bumped under the lock, passes Total. It
-// writes "r" once ready, starts on a line from stdin, and writes its
-// fairResult as JSON.
+// in turn until the counter, bumped under the lock, passes Total
+// (fairtest.Child).
 func runFairChild(ctx context.Context, cfg handoffChild) int {
 	counter := goredis.NewUniversalClient(&goredis.UniversalOptions{Addrs: cfg.Addrs, IsClusterMode: cfg.Cluster})
 	defer counter.Close()
@@ -109,18 +108,12 @@ func runFairChild(ctx context.Context, cfg handoffChild) int {
 		defer l.Close()
 		lockers = append(lockers, l)
 	}
-	fmt.Println("r")
-	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
-	}
 	// Each holding lasts 1 ms (the bench's fairness scenario).
-	res := fairtest.Run(ctx, lockers, cfg.Key, cfg.Total, time.Millisecond, func(ctx context.Context) (int64, error) {
-		return counter.Incr(ctx, cfg.Counter).Result()
+	return fairtest.Child(func() testkit.FairResult {
+		return fairtest.Run(ctx, lockers, cfg.Key, cfg.Total, time.Millisecond, func(ctx context.Context) (int64, error) {
+			return counter.Incr(ctx, cfg.Counter).Result()
+		})
 	})
-	b, _ := json.Marshal(res)
-	fmt.Println(string(b))
-	return 0
 }
 
 // startChild starts a child process with cfg; its stdout is returned.
@@ -269,38 +262,8 @@ func handoffFairRun(t *testing.T, srv handoffServer, attempt int) bool {
 	cleanNamespace(t, srv.url(t, ""), prefix)
 	cfg := handoffChild{Role: "fair", URL: srv.url(t, prefix), Addrs: srv.addrs(t), Cluster: srv.cluster,
 		Workers: workers, Key: "fair", Total: total, Counter: prefix + "counter"}
-	type child struct {
-		cmd *exec.Cmd
-		in  io.WriteCloser
-		out *bufio.Reader
-	}
-	var children []child
-	for range procs {
-		cmd, in, out := startChild(t, ctx, cfg)
-		children = append(children, child{cmd, in, out})
-	}
-	for _, c := range children {
-		if s := readLine(t, c.out); s != "r" {
-			t.Fatalf("child not ready: %q", s)
-		}
-	}
-	for _, c := range children {
-		if _, err := io.WriteString(c.in, "g\n"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var results []testkit.FairResult
-	for i, c := range children {
-		line := readLine(t, c.out)
-		if err := c.cmd.Wait(); err != nil {
-			t.Fatalf("child %d: %v", i, err)
-		}
-		var r fairResult
-		if err := json.Unmarshal([]byte(line), &r); err != nil {
-			t.Fatalf("child %d: %v (%q)", i, err, line)
-		}
-		results = append(results, r)
-	}
+	js, _ := json.Marshal(cfg)
+	results := fairtest.Children(t, ctx, procs, handoffChildEnv, string(js))
 	return testkit.CheckFair(t, results, workers, total)
 }
 
