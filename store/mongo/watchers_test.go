@@ -303,7 +303,12 @@ func TestWatchServerGone(t *testing.T) {
 	}
 	t.Cleanup(func() { p.Close() })
 	co := options.Client().SetHosts([]string{p.Addr()}).SetDirect(true).SetServerSelectionTimeout(time.Hour)
-	st, err := mongo.New(testDB(t, co), &mongo.Options{Prefix: fmt.Sprintf("gone-%d:", time.Now().UnixNano())})
+	db := testDB(t, co)
+	// Cleanups run last first: the proxy closes before the client
+	// disconnects, which otherwise waits for a connection the blackhole
+	// holds open (the client's handshake has no deadline of its own).
+	t.Cleanup(func() { p.Close() })
+	st, err := mongo.New(db, &mongo.Options{Prefix: fmt.Sprintf("gone-%d:", time.Now().UnixNano())})
 	if err != nil {
 		t.Fatal(err)
 	}
