@@ -129,7 +129,10 @@ type Options struct {
 	// waiting Acquire between two attempts (and of the retries of a failed
 	// refresh). 0: 5 ms and 1 s. A RetryMax below RetryMin is raised to
 	// RetryMin. A waiter never sleeps past the current holder's expiry,
-	// and on stores with notifications it is woken at once by a release.
+	// and on stores with notifications it is woken at once by a release;
+	// while the Locker's subscription to them is down (it failed to start,
+	// or the store ended it), a waiter sleeps at most a second and the
+	// subscription is started again.
 	RetryMin, RetryMax time.Duration
 	// ClockSkew is the safety margin subtracted from a lease's local
 	// deadline (the local time the last successful acquire or refresh was
@@ -190,10 +193,13 @@ type Locker struct {
 	stale     map[string]staleHolding
 	staleScan int // size of stale after its last full prune
 	sub       subState
-	subRetry  time.Time      // earliest restart of a failed subscription
-	due       dueQueue       // leases waiting for a refresh worker, nearest deadline first
-	workers   int            // refresh workers running
-	wg        sync.WaitGroup // background goroutines
+	subRetry  time.Time // earliest restart of a failed subscription
+	// subUnsupported: the last subscription failed with an error matching
+	// errors.ErrUnsupported (notifications cannot be had here: waiters poll).
+	subUnsupported bool
+	due            dueQueue       // leases waiting for a refresh worker, nearest deadline first
+	workers        int            // refresh workers running
+	wg             sync.WaitGroup // background goroutines
 
 	schedMu    sync.Mutex // guards sched, schedTimer and every lease's at and idx
 	sched      schedule
@@ -600,6 +606,11 @@ func (l *Locker) acquire(ctx context.Context, key string, tr *acquireTrace) (*Le
 			if until := time.Until(rec.ExpiresAt); until > 0 {
 				delay = min(delay, until+time.Millisecond)
 			}
+		}
+		if l.subscriptionDown() {
+			// No release will wake this waiter until the subscription
+			// runs again: look (and subscribe) again soon.
+			delay = min(delay, subRetryMax)
 		}
 		if timer == nil {
 			timer = time.NewTimer(delay)

@@ -61,10 +61,16 @@ func (l *Locker) subscribe() bool {
 	if err != nil || l.closed {
 		// A subscription that raced with Close ends with l.ctx.
 		l.sub = subNone
-		l.subRetry = time.Now().Add(l.retryMax)
+		l.subUnsupported = errors.Is(err, errors.ErrUnsupported)
+		if l.subUnsupported {
+			l.subRetry = time.Now().Add(l.retryMax) // not a passing failure: waiters poll
+		} else {
+			l.subRetry = time.Now().Add(min(l.retryMax, subRetryMax))
+		}
 		return false
 	}
 	l.sub = subRunning
+	l.subUnsupported = false
 	l.wg.Add(1)
 	go l.dispatch(ch)
 	// Releases may have happened before the subscription began.
@@ -103,9 +109,28 @@ loop:
 	}
 	l.mu.Lock()
 	l.sub = subNone
-	l.subRetry = time.Now().Add(l.retryMax)
+	l.subRetry = time.Now().Add(min(l.retryMax, subRetryMax))
 	l.wakeAll()
 	l.mu.Unlock()
+}
+
+// subRetryMax bounds how long a failed or ended subscription to the
+// store's notifications waits before it is started again, and, until it
+// runs, the back-off of a waiting Acquire, whatever RetryMax says: a
+// waiter that counts on a release's notification (a RetryMax of an hour)
+// would otherwise sleep through every release after a transient failure
+// (a server briefly unreachable when the subscription started).
+const subRetryMax = time.Second
+
+// subscriptionDown reports whether the store has notifications but the
+// Locker's subscription is not running.
+func (l *Locker) subscriptionDown() bool {
+	if !l.canWatch {
+		return false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.sub != subRunning && !l.subUnsupported && !l.closed
 }
 
 // wakeAll wakes the first waiter of every key; l.mu must be held.

@@ -203,3 +203,63 @@ func TestWatchPollsWhenNotificationsUnsupported(t *testing.T) {
 	}
 	t.Fatal("the watch ended before the acquisition was reported")
 }
+
+// failsFirstWatch is a store whose first WatchLocks fails, as one whose
+// server was briefly unreachable when the subscription started.
+type failsFirstWatch struct {
+	driver.Store
+	failed *atomic.Bool
+}
+
+func (s failsFirstWatch) WatchLocks(ctx context.Context) (<-chan driver.LockEvent, error) {
+	if s.failed.CompareAndSwap(false, true) {
+		return nil, errors.New("connection refused")
+	}
+	return s.Store.(driver.LockNotifier).WatchLocks(ctx)
+}
+
+// TestWaiterAfterFailedSubscription: a waiter whose back-off (an hour)
+// counts on the release's notification, and whose subscription failed
+// once, still gets the key soon after the release: it subscribes again
+// within a second, polling meanwhile. Before, it slept the hour (the
+// holder's TTL is an hour too), and the Acquire below ended with its
+// context.
+func TestWaiterAfterFailedSubscription(t *testing.T) {
+	db := testkit.DBName(t)
+	holder := openEnv(t, db, nil).locker(t, &Options{TTL: time.Hour})
+	var failed atomic.Bool
+	we := openEnv(t, db, func(d driver.Store) driver.Store { return failsFirstWatch{d, &failed} })
+	waiter := we.locker(t, &Options{RetryMin: time.Hour, RetryMax: time.Hour})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	h, err := holder.Acquire(ctx, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		lease *Lease
+		err   error
+	}
+	got := make(chan result, 1)
+	go func() {
+		s, err := waiter.Acquire(ctx, "job")
+		got <- result{s, err}
+	}()
+	// The waiter tried, failed to subscribe, and sleeps.
+	testkit.Eventually(t, 5*time.Second, "waiter to sleep after the failed subscription", func() bool {
+		waiter.mu.Lock()
+		defer waiter.mu.Unlock()
+		ks := waiter.keys["job"]
+		return failed.Load() && we.ops.Get("lock.acquire") >= 1 && ks != nil && !ks.busy
+	})
+	if err := h.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-got
+	if r.err != nil {
+		t.Fatalf("the waiter did not get the released key: %v", r.err)
+	}
+	if r.lease.Token() <= h.Token() {
+		t.Fatalf("token %d not greater than the previous holder's %d", r.lease.Token(), h.Token())
+	}
+}
