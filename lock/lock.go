@@ -585,12 +585,9 @@ func (l *Locker) acquire(ctx context.Context, key string, tr *acquireTrace) (*Le
 			}
 			lastErr = err
 		}
-		if l.subscribe() {
-			// Notifications start now: look again at once, so that a
-			// release between the attempt and the subscription is not
-			// missed.
-			continue
-		}
+		// Start the store's notifications if they are not running; once
+		// they do, this waiter is woken to look again.
+		l.subscribe()
 		if err == nil && l.waitTurn(cctx, key, rec, attempts, &waited) {
 			attempts++
 			continue

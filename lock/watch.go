@@ -41,19 +41,28 @@ var ErrPolled = errors.New("lock: the store has no notifications and Watch polls
 
 // subscribe starts the Locker's one store subscription, which wakes
 // waiters when their key is released, if the store has notifications and
-// the subscription is not running. It reports whether it started it.
-func (l *Locker) subscribe() bool {
+// the subscription is neither running nor starting. The store's Watch is
+// called from a goroutine of its own (bounded by the Locker's context), so
+// that a store slow to answer it never holds up a waiting Acquire past its
+// own context; once it runs, every key's first waiter is woken to look
+// again (a release may have come before the subscription began).
+func (l *Locker) subscribe() {
 	if !l.canWatch {
-		return false
+		return
 	}
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	if l.closed || l.sub != subNone || time.Now().Before(l.subRetry) {
-		l.mu.Unlock()
-		return false
+		return
 	}
 	l.sub = subStarting
-	l.mu.Unlock()
+	l.wg.Add(1)
+	go l.startSubscription()
+}
 
+// startSubscription calls the store's Watch for subscribe.
+func (l *Locker) startSubscription() {
+	defer l.wg.Done()
 	ch, err := l.locks.Watch(l.ctx)
 
 	l.mu.Lock()
@@ -67,7 +76,7 @@ func (l *Locker) subscribe() bool {
 		} else {
 			l.subRetry = time.Now().Add(min(l.retryMax, subRetryMax))
 		}
-		return false
+		return
 	}
 	l.sub = subRunning
 	l.subUnsupported = false
@@ -75,7 +84,6 @@ func (l *Locker) subscribe() bool {
 	go l.dispatch(ch)
 	// Releases may have happened before the subscription began.
 	l.wakeAll()
-	return true
 }
 
 // dispatch wakes the first waiter of every key released, and every first

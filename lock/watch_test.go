@@ -263,3 +263,71 @@ func TestWaiterAfterFailedSubscription(t *testing.T) {
 		t.Fatalf("token %d not greater than the previous holder's %d", r.lease.Token(), h.Token())
 	}
 }
+
+// watchFailsThenHangs is a store whose first WatchLocks fails and whose
+// later ones block until their context ends, as a server that stops
+// answering.
+type watchFailsThenHangs struct {
+	driver.Store
+	calls *atomic.Int64
+}
+
+func (s watchFailsThenHangs) WatchLocks(ctx context.Context) (<-chan driver.LockEvent, error) {
+	if s.calls.Add(1) == 1 {
+		return nil, errors.New("connection refused")
+	}
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// TestWaiterWatchHangs: the store's Watch blocks. A waiting Acquire still
+// ends with its own context (the subscription starts in a goroutine of the
+// Locker's), and once the key is free the next Acquire of the same Locker
+// takes it. Before, the waiter that started the subscription waited in
+// Watch, past its context, and the Locker's other waiters of the key
+// queued behind it until Close.
+func TestWaiterWatchHangs(t *testing.T) {
+	db := testkit.DBName(t)
+	holder := openEnv(t, db, nil).locker(t, &Options{TTL: time.Hour})
+	var calls atomic.Int64
+	we := openEnv(t, db, func(d driver.Store) driver.Store { return watchFailsThenHangs{d, &calls} })
+	waiter := we.locker(t, &Options{RetryMin: 2 * time.Second, RetryMax: time.Hour})
+	h, err := holder.Acquire(context.Background(), "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	acquire := func(d time.Duration) (*Lease, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), d)
+		defer cancel()
+		got := make(chan struct{})
+		var s *Lease
+		var err error
+		go func() {
+			defer close(got)
+			s, err = waiter.Acquire(ctx, "job")
+		}()
+		select {
+		case <-got:
+			return s, err
+		case <-time.After(d + 20*time.Second): // a bound for the failure, not a speed check
+			t.Fatalf("Acquire with a context of %v has not returned 20 s after it ended", d)
+			return nil, nil
+		}
+	}
+	if _, err := acquire(3 * time.Second); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Acquire of a held key: %v, want its context's deadline", err)
+	}
+	if calls.Load() < 2 {
+		t.Fatalf("%d Watch calls: the hanging one was never made", calls.Load())
+	}
+	if err := h.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	s, err := acquire(10 * time.Second)
+	if err != nil {
+		t.Fatalf("Acquire of the free key: %v", err)
+	}
+	if s.Token() <= h.Token() {
+		t.Fatalf("token %d not greater than the previous holder's %d", s.Token(), h.Token())
+	}
+}

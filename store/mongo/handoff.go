@@ -253,31 +253,43 @@ func (s *store) keepPlace(ctx context.Context, k handoff.Key, prune []handoff.En
 	} else if !errors.Is(err, mongo.ErrNoDocuments) {
 		return lockState{}, false, ctxErr(ctx, err)
 	}
-	// No live holding of warden's with a queue to join: read what holds
-	// the key.
+	// No live holding of warden's with a queue to join. A holding of the
+	// go-go-scope layout (a document of its own, no token), as an
+	// acquire sees it (foreign: live until its expiresAt, or for ever
+	// without one), takes no queue: decline, and do not try again before
+	// it ends (a second, when it has no expiry).
 	key, _ := strings.CutPrefix(k.PK, s.lockPfx)
-	rec, held, err := locks{s}.Get(ctx, key)
+	rec, held, err := locks{s}.foreign(ctx, key, k.PK)
 	if err != nil {
 		return lockState{}, false, err
 	}
-	switch {
-	case set && !held:
-		// Free: the caller tries at once, its entry kept (its place).
-		return stateOf(&d), true, nil
-	case !held:
-		return stateOf(nil), false, nil
-	}
-	st = lockState{known: true, owner: rec.Owner, token: rec.Token, exp: rec.ExpiresAt.UnixMilli()}
-	if rec.Token == 0 {
-		// A holding of the go-go-scope layout (no token): do not try
-		// again before it ends.
+	if held {
+		exp := rec.ExpiresAt
+		if exp.IsZero() {
+			exp = time.Now().Add(time.Second)
+		}
+		st = lockState{known: true, owner: rec.Owner, exp: exp.UnixMilli()}
 		s.book.HintNoQueue(k.PK, st.exp)
+		if set {
+			// The entry just set waits on nothing: take it out.
+			_, _ = s.leavePlace(ctx, k)
+		}
+		return st, false, nil
 	}
 	if set {
-		// The entry just set waits on nothing: take it out.
-		_, _ = s.leavePlace(ctx, k)
+		// Free: the caller tries at once, its entry kept (its place).
+		return stateOf(&d), true, nil
 	}
-	return st, false, nil
+	// No document of warden's to queue on, or one with a waiters field of
+	// another program's: read its holding.
+	rec, held, err = locks{s}.Get(ctx, key)
+	if err != nil {
+		return lockState{}, false, err
+	}
+	if !held {
+		return stateOf(nil), false, nil
+	}
+	return lockState{known: true, owner: rec.Owner, token: rec.Token, exp: rec.ExpiresAt.UnixMilli()}, false, nil
 }
 
 // leavePlace removes k's entry from its document's queue and returns the

@@ -585,14 +585,29 @@ func TestHandoffWaitBadInput(t *testing.T) {
 // layout (its own document, no token) takes no queue: WaitLock declines,
 // and a second wait while that holding lasts costs no command.
 func TestHandoffNodeDocDeclines(t *testing.T) {
+	for _, expiry := range []bool{true, false} {
+		t.Run(fmt.Sprintf("expiresAt=%v", expiry), func(t *testing.T) { nodeDocDeclines(t, expiry) })
+	}
+}
+
+// nodeDocDeclines is TestHandoffNodeDocDeclines, with a go-go-scope
+// document that has an expiresAt (an hour away) or none (the adapter's
+// holding then never expires, as an acquire reads it).
+func nodeDocDeclines(t *testing.T, expiry bool) {
 	ctx := t.Context()
 	h := newHQ(t)
 	var n counter
 	st := h.countingStore(&n)
 	coll := h.locks
-	if _, err := coll.InsertOne(ctx, bson.D{{Key: "key", Value: h.prefix + "lock:k"}, {Key: "owner", Value: "node"},
-		{Key: "expiresAt", Value: time.Now().Add(time.Hour)}, {Key: "createdAt", Value: time.Now()}}); err != nil {
+	doc := bson.D{{Key: "key", Value: h.prefix + "lock:k"}, {Key: "owner", Value: "node"}, {Key: "createdAt", Value: time.Now()}}
+	if expiry {
+		doc = append(doc, bson.E{Key: "expiresAt", Value: time.Now().Add(time.Hour)})
+	}
+	if _, err := coll.InsertOne(ctx, doc); err != nil {
 		t.Fatal(err)
+	}
+	if _, ok, err := st.Locks().Acquire(ctx, "k", "waiter", time.Minute); err != nil || ok {
+		t.Fatalf("Acquire of a key a go-go-scope service holds: %v, %v; want refused", ok, err)
 	}
 	w := st.Driver().(driver.LockWaiter)
 	for i, want := range []int64{2, 0} {
