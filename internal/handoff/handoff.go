@@ -261,3 +261,53 @@ func (b *Book) Close() []Left {
 	clear(b.handed)
 	return ls
 }
+
+// MaxPrune bounds the lapsed entries a State keeps for a renewal to
+// remove.
+const MaxPrune = 8
+
+// State is a lock record's holding as a waiter needs it.
+type State struct {
+	Known    bool
+	Owner    string
+	Token    int64
+	Released bool
+	Exp      int64   // the holding's expiry, Unix ms
+	First    string  // the owner of the queue's first live entry, the holder's aside
+	Lapsed   []Entry // up to MaxPrune lapsed (or unreadable) entries, for a renewal to remove
+}
+
+// Absent is the state of a lock record that does not exist: free.
+func Absent() State { return State{Known: true, Released: true} }
+
+// NewState is the state of a holding with the sorted queue q, at now (ms).
+func NewState(owner string, token int64, released bool, exp int64, q []Entry, now int64) State {
+	st := State{Known: true, Owner: owner, Token: token, Released: released, Exp: exp}
+	for _, e := range q {
+		switch {
+		case e.Owner == "" || e.Until <= now:
+			if len(st.Lapsed) < MaxPrune {
+				st.Lapsed = append(st.Lapsed, e)
+			}
+		case st.First == "" && e.Owner != st.Owner:
+			st.First = e.Owner
+		}
+	}
+	return st
+}
+
+// Newer reports whether a is a later state of the record than b.
+func (a State) Newer(b State) bool {
+	switch {
+	case !a.Known:
+		return false
+	case !b.Known:
+		return true
+	case a.Token != b.Token:
+		return a.Token > b.Token
+	}
+	return a.Released && !b.Released
+}
+
+// Live reports whether the holding is live at now (ms).
+func (a State) Live(now int64) bool { return a.Known && !a.Released && a.Exp > now }

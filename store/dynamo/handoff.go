@@ -56,10 +56,9 @@ const (
 	// aWaiters is the lock item's queue: owner → {a, u}.
 	aWaiters = "waiters"
 	// maxDrop bounds the lapsed entries one write removes by name (a
-	// release: 50; a renewal: maxPrune), keeping its expression well under
-	// DynamoDB's 4 KB.
-	maxDrop  = 50
-	maxPrune = 8
+	// release: 50; a renewal: handoff.MaxPrune), keeping its expression
+	// well under DynamoDB's 4 KB.
+	maxDrop = 50
 )
 
 // waitKey names one owner waiting for one lock item (its pk).
@@ -84,51 +83,15 @@ type seenLock struct {
 }
 
 // lockState is a lock item's holding as a waiter needs it.
-type lockState struct {
-	known    bool
-	owner    string
-	token    int64
-	released bool
-	exp      int64
-	first    string   // the owner of the queue's first live entry, the holder's aside
-	lapsed   []string // up to maxPrune owners of lapsed entries, for a renewal to remove
-}
+type lockState = handoff.State
 
 func lockStateOf(it item) lockState {
 	if it == nil {
-		return lockState{known: true, released: true}
+		return handoff.Absent()
 	}
-	st := lockState{known: true, owner: gS(it, aOwner), token: gN(it, aVersion), released: has(it, aRel), exp: lockExp(it)}
-	now := nowMs()
 	q, _ := queueOf(it)
-	for _, e := range q {
-		switch {
-		case e.Until <= now:
-			if len(st.lapsed) < maxPrune {
-				st.lapsed = append(st.lapsed, e.Owner)
-			}
-		case st.first == "" && e.Owner != st.owner:
-			st.first = e.Owner
-		}
-	}
-	return st
+	return handoff.NewState(gS(it, aOwner), gN(it, aVersion), has(it, aRel), lockExp(it), q, nowMs())
 }
-
-// newer reports whether a is a later state of the item than b.
-func (a lockState) newer(b lockState) bool {
-	switch {
-	case !a.known:
-		return false
-	case !b.known:
-		return true
-	case a.token != b.token:
-		return a.token > b.token
-	}
-	return a.released && !b.released
-}
-
-// live reports whether the holding is live at now (ms).
-func (a lockState) live(now int64) bool { return a.known && !a.released && a.exp > now }
 
 // queueOf returns the entries of an item's queue, earliest arrival first;
 // other reports a waiters attribute that is not a map (written by another
@@ -197,7 +160,7 @@ func (s *store) noteSeen(its []item) {
 	}
 	for _, it := range its {
 		if sl := w.seen[gS(it, aPk)]; sl != nil {
-			if st := lockStateOf(it); st.newer(sl.st) {
+			if st := lockStateOf(it); st.Newer(sl.st) {
 				sl.st = st
 			}
 		}
@@ -256,7 +219,7 @@ func entryNames(owners []string, names map[string]string) string {
 // false when there is no item of warden's layout to queue on (absent, or
 // written by a service of the go-go-scope layout, or with a waiters
 // attribute of another program's): then st is the item read, or unknown.
-func (s *store) keepPlace(ctx context.Context, k waitKey, prune []string) (st lockState, ok bool, err error) {
+func (s *store) keepPlace(ctx context.Context, k waitKey, prune []handoff.Entry) (st lockState, ok bool, err error) {
 	done, ok := s.waits.book.StartWrite()
 	if !ok {
 		return lockState{}, false, errClosed
@@ -271,9 +234,9 @@ func (s *store) keepPlace(ctx context.Context, k waitKey, prune []string) (st lo
 		// holder that keeps the key long releases none): nothing else
 		// removes them while the key stays held.
 		var dead []string
-		for _, o := range prune {
-			if o != k.Owner {
-				dead = append(dead, o)
+		for _, e := range prune {
+			if e.Owner != k.Owner {
+				dead = append(dead, e.Owner)
 			}
 		}
 		names := map[string]string{"#w0": k.Owner}
@@ -314,11 +277,11 @@ func (s *store) keepPlace(ctx context.Context, k waitKey, prune []string) (st lo
 	if it == nil {
 		return lockStateOf(nil), false, nil
 	}
-	st = lockState{known: true, owner: gS(it, aOwner), token: gN(it, aVersion), released: has(it, aRel), exp: lockExp(it)}
-	if st.live(nowMs()) && !has(it, aExp) {
+	st = lockState{Known: true, Owner: gS(it, aOwner), Token: gN(it, aVersion), Released: has(it, aRel), Exp: lockExp(it)}
+	if st.Live(nowMs()) && !has(it, aExp) {
 		// A holding of the go-go-scope layout: do not try again before it
 		// ends.
-		s.waits.book.HintNoQueue(k.PK, st.exp)
+		s.waits.book.HintNoQueue(k.PK, st.Exp)
 	}
 	return st, false, nil
 }
@@ -380,27 +343,27 @@ func (s notifyStore) WaitLock(ctx context.Context, key, owner string, limit time
 		s.waits.book.Dequeue(k)
 		// Nothing to queue on: absent or free, try now; a live holding of
 		// the go-go-scope layout: poll.
-		return cur.known && !cur.live(nowMs()), nil
+		return cur.Known && !cur.Live(nowMs()), nil
 	}
 	renewed, read := time.Now(), time.Now()
 	entry := true // the last state read came with owner's entry written
 	timer := time.NewTimer(limit)
 	defer timer.Stop()
 	for {
-		if st := s.seenState(k.PK); st.newer(cur) {
+		if st := s.seenState(k.PK); st.Newer(cur) {
 			cur, entry = st, false
 		}
 		now := nowMs()
 		switch {
-		case cur.live(now) && cur.owner == owner:
-			s.waits.book.SetHanded(k, handoff.Handed{Token: cur.token, Entry: entry})
+		case cur.Live(now) && cur.Owner == owner:
+			s.waits.book.SetHanded(k, handoff.Handed{Token: cur.Token, Entry: entry})
 			return true, nil
-		case !cur.live(now):
+		case !cur.Live(now):
 			return true, nil
 		}
 		wake := end
-		at := []time.Time{renewed.Add(handoff.TurnRenew), msTime(cur.exp + 1)}
-		if cur.first == owner {
+		at := []time.Time{renewed.Add(handoff.TurnRenew), msTime(cur.Exp + 1)}
+		if cur.First == owner {
 			at = append(at, read.Add(s.handPoll))
 		}
 		for _, t := range at {
@@ -425,15 +388,15 @@ func (s notifyStore) WaitLock(ctx context.Context, key, owner string, limit time
 		if !sent.Before(end) {
 			return true, nil
 		}
-		if sent.Before(renewed.Add(handoff.TurnRenew)) && sent.UnixMilli() <= cur.exp && cur.first == owner {
+		if sent.Before(renewed.Add(handoff.TurnRenew)) && sent.UnixMilli() <= cur.Exp && cur.First == owner {
 			// First in the queue: read the item.
 			it, err := s.get(ctx, "reading lock", k.PK, metaSK)
 			if err != nil {
 				return false, ctx.Err()
 			}
-			if st := lockStateOf(it); st.newer(cur) {
+			if st := lockStateOf(it); st.Newer(cur) {
 				cur, entry = st, false // a hand-off after the entry was last written removed it
-			} else if !cur.newer(st) {
+			} else if !cur.Newer(st) {
 				cur = st // the same holding; the queue as it is now
 			}
 			read = sent
@@ -442,13 +405,13 @@ func (s notifyStore) WaitLock(ctx context.Context, key, owner string, limit time
 		// Renewal due, or the holding's expiry come (a refresh is not in
 		// the events): write the entry again and read the item's state in
 		// the same request.
-		st, ok, err := s.keepPlace(ctx, k, cur.lapsed)
+		st, ok, err := s.keepPlace(ctx, k, cur.Lapsed)
 		if err != nil {
 			return false, ctx.Err()
 		}
 		if !ok {
 			s.waits.book.Dequeue(k)
-			return st.known && !st.live(nowMs()), nil
+			return st.Known && !st.Live(nowMs()), nil
 		}
 		cur, renewed, read, entry = st, sent, sent, true
 	}
@@ -473,8 +436,8 @@ func (s *store) leave(ctx context.Context, k waitKey, token int64, handed bool) 
 	if err != nil {
 		return
 	}
-	if st.live(nowMs()) && st.owner == k.Owner {
-		token, handed = st.token, true
+	if st.Live(nowMs()) && st.Owner == k.Owner {
+		token, handed = st.Token, true
 	}
 	if handed {
 		// Only a holding no Acquire or Refresh took (its handoff mark):

@@ -63,8 +63,6 @@ const (
 	// fWaiters is the lock document's queue; fHandoff the hand-off mark.
 	fWaiters = "waiters"
 	fHandoff = "handoff"
-	// maxPrune bounds the lapsed entries a renewal removes.
-	maxPrune = 8
 )
 
 // entryName is the field name of owner's queue entry.
@@ -108,55 +106,20 @@ func queueOf(rv bson.RawValue) (q []handoff.Entry, other bool) {
 }
 
 // lockState is a lock document's holding as a waiter needs it.
-type lockState struct {
-	known    bool
-	owner    string
-	token    int64
-	released bool
-	exp      int64           // ms
-	first    string          // the owner of the queue's first live entry, the holder's aside
-	lapsed   []handoff.Entry // up to maxPrune lapsed entries, for a renewal to remove
-}
+type lockState = handoff.State
 
 // stateOf is the state of a lock document (nil: absent).
 func stateOf(d *lockDoc) lockState {
 	if d == nil {
-		return lockState{known: true, released: true}
+		return handoff.Absent()
 	}
-	st := lockState{known: true, owner: d.Owner, token: d.Token, released: d.Released}
+	var exp int64
 	if d.ExpiresAt != nil {
-		st.exp = d.ExpiresAt.UnixMilli()
+		exp = d.ExpiresAt.UnixMilli()
 	}
-	now := nowMs()
 	q, _ := queueOf(d.Waiters)
-	for _, e := range q {
-		switch {
-		case e.Owner == "" || e.Until <= now:
-			if len(st.lapsed) < maxPrune {
-				st.lapsed = append(st.lapsed, e)
-			}
-		case st.first == "" && e.Owner != st.owner:
-			st.first = e.Owner
-		}
-	}
-	return st
+	return handoff.NewState(d.Owner, d.Token, d.Released, exp, q, nowMs())
 }
-
-// newer reports whether a is a later state of the document than b.
-func (a lockState) newer(b lockState) bool {
-	switch {
-	case !a.known:
-		return false
-	case !b.known:
-		return true
-	case a.token != b.token:
-		return a.token > b.token
-	}
-	return a.released && !b.released
-}
-
-// live reports whether the holding is live at now (ms).
-func (a lockState) live(now int64) bool { return a.known && !a.released && a.exp > now }
 
 func nowMs() int64 { return time.Now().UnixMilli() }
 
@@ -244,7 +207,7 @@ func (s *store) keepPlace(ctx context.Context, k handoff.Key, prune []handoff.En
 	if set {
 		s.noteQueue(k.PK, &d)
 		st := stateOf(&d)
-		if st.live(nowMs()) {
+		if st.Live(nowMs()) {
 			return st, true, nil
 		}
 		// Free by warden's document: the key may be held by a service of
@@ -268,8 +231,8 @@ func (s *store) keepPlace(ctx context.Context, k handoff.Key, prune []handoff.En
 		if exp.IsZero() {
 			exp = time.Now().Add(time.Second)
 		}
-		st = lockState{known: true, owner: rec.Owner, exp: exp.UnixMilli()}
-		s.book.HintNoQueue(k.PK, st.exp)
+		st = lockState{Known: true, Owner: rec.Owner, Exp: exp.UnixMilli()}
+		s.book.HintNoQueue(k.PK, st.Exp)
 		if set {
 			// The entry just set waits on nothing: take it out.
 			_, _ = s.leavePlace(ctx, k)
@@ -289,7 +252,7 @@ func (s *store) keepPlace(ctx context.Context, k handoff.Key, prune []handoff.En
 	if !held {
 		return stateOf(nil), false, nil
 	}
-	return lockState{known: true, owner: rec.Owner, token: rec.Token, exp: rec.ExpiresAt.UnixMilli()}, false, nil
+	return lockState{Known: true, Owner: rec.Owner, Token: rec.Token, Exp: rec.ExpiresAt.UnixMilli()}, false, nil
 }
 
 // leavePlace removes k's entry from its document's queue and returns the
@@ -350,7 +313,7 @@ func (s *store) WaitLock(ctx context.Context, key, owner string, limit time.Dura
 		s.book.Dequeue(k)
 		// Nothing to queue on: absent or free, try now; held outside the
 		// queue: poll.
-		return cur.known && !cur.live(nowMs()), nil
+		return cur.Known && !cur.Live(nowMs()), nil
 	}
 	renewed, read := time.Now(), time.Now()
 	entry := true // the last state read came with owner's entry set
@@ -359,15 +322,15 @@ func (s *store) WaitLock(ctx context.Context, key, owner string, limit time.Dura
 	for {
 		now := nowMs()
 		switch {
-		case cur.live(now) && cur.owner == owner:
-			s.book.SetHanded(k, handoff.Handed{Token: cur.token, Entry: entry})
+		case cur.Live(now) && cur.Owner == owner:
+			s.book.SetHanded(k, handoff.Handed{Token: cur.Token, Entry: entry})
 			return true, nil
-		case !cur.live(now):
+		case !cur.Live(now):
 			return true, nil
 		}
 		wake := end
-		at := []time.Time{renewed.Add(handoff.TurnRenew), time.UnixMilli(cur.exp + 1)}
-		if cur.first == owner {
+		at := []time.Time{renewed.Add(handoff.TurnRenew), time.UnixMilli(cur.Exp + 1)}
+		if cur.First == owner {
 			at = append(at, read.Add(s.handPoll))
 		}
 		for _, t := range at {
@@ -394,14 +357,14 @@ func (s *store) WaitLock(ctx context.Context, key, owner string, limit time.Dura
 		if !sent.Before(end) {
 			return true, nil
 		}
-		if sent.Before(renewed.Add(handoff.TurnRenew)) && sent.UnixMilli() <= cur.exp && (look || cur.first == owner) {
+		if sent.Before(renewed.Add(handoff.TurnRenew)) && sent.UnixMilli() <= cur.Exp && (look || cur.First == owner) {
 			d, err := s.readLock(ctx, k.PK)
 			if err != nil {
 				return false, ctx.Err()
 			}
-			if st := stateOf(d); st.newer(cur) {
+			if st := stateOf(d); st.Newer(cur) {
 				cur, entry = st, false // a hand-off after the entry was last set removed it
-			} else if !cur.newer(st) {
+			} else if !cur.Newer(st) {
 				cur = st // the same holding; the queue as it is now
 			}
 			read = sent
@@ -410,13 +373,13 @@ func (s *store) WaitLock(ctx context.Context, key, owner string, limit time.Dura
 		// Renewal due, or the holding's expiry come (a refresh makes no
 		// event): set the entry again and read the document's state in
 		// the same request.
-		st, ok, err := s.keepPlace(ctx, k, cur.lapsed)
+		st, ok, err := s.keepPlace(ctx, k, cur.Lapsed)
 		if err != nil {
 			return false, ctx.Err()
 		}
 		if !ok {
 			s.book.Dequeue(k)
-			return st.known && !st.live(nowMs()), nil
+			return st.Known && !st.Live(nowMs()), nil
 		}
 		cur, renewed, read, entry = st, sent, sent, true
 	}
@@ -442,8 +405,8 @@ func (s *store) leave(ctx context.Context, k handoff.Key, token int64, handed bo
 	if err != nil {
 		return
 	}
-	if st.live(nowMs()) && st.owner == k.Owner {
-		token, handed = st.token, true
+	if st.Live(nowMs()) && st.Owner == k.Owner {
+		token, handed = st.Token, true
 	}
 	if handed {
 		// Only a holding no Acquire or Refresh took (its handoff mark):
