@@ -331,17 +331,18 @@ func redactUserInfo(v string) (string, bool) {
 			authority = rest[:j]
 		}
 		if at := strings.LastIndex(authority, "@"); at >= 0 {
-			if user, _, ok := strings.Cut(authority[:at], ":"); ok {
+			if user, pw, ok := strings.Cut(authority[:at], ":"); ok && pw != "" {
 				parts[i] = scheme + user + ":xxxxx" + rest[at:]
 				changed = true
 				continue
 			}
 		}
-		// No password by the URL's reading, but an '@' after the scheme:
-		// the part reads as well as an address whose password starts
-		// with "//" ("x" + ":" + "//name#…" + "@host"), so it is masked
-		// from the scheme's ':' to its last '@' — an '@' in a path or a
-		// fragment is masked with it.
+		// No password (or an empty one) by the URL's reading, but an '@'
+		// after the scheme: the part reads as well as an address whose
+		// password starts with "//" ("x" + ":" + "//name#…" + "@host", or
+		// "user" + ":" + "//:" + "@host"), which the URL's reading would
+		// show whole, so it is masked from the scheme's ':' to its last
+		// '@' — an '@' in a path or a fragment is masked with it.
 		if k := strings.LastIndex(rest, "@"); k >= 0 && scheme != "" {
 			parts[i] = scheme[:len(scheme)-3] + ":xxxxx" + rest[k:]
 			changed = true

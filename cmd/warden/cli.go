@@ -141,7 +141,7 @@ func checkStoreURL(raw string) error {
 	}
 	if u.Scheme == "" {
 		return usagef(nil, "--store %s: a store URL needs a scheme, such as %s; registered schemes are %s",
-			quoteShort(scrubSecrets(raw, raw)), defaultStore, strings.Join(warden.Schemes(), ", "))
+			quoteShort(redactURL(raw)), defaultStore, strings.Join(warden.Schemes(), ", "))
 	}
 	check := func(what string, u *url.URL) error {
 		for _, host := range strings.Split(u.Host, ",") { // mongodb:// lists hosts
@@ -495,7 +495,8 @@ func oneLine(s string) string {
 func scrubSecrets(s, rawURL string) string {
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		return s
+		// Its secrets cannot be told apart: the URL goes whole.
+		return strings.ReplaceAll(s, rawURL, "(unparseable URL)")
 	}
 	var secrets []string
 	if u.User != nil {
@@ -516,7 +517,9 @@ func scrubSecrets(s, rawURL string) string {
 				}
 				continue
 			}
-			for _, a := range strings.Split(v, ",") {
+			// Each address of a list, and the whole value read as one
+			// address: its password may hold ',' ("user:0,@host").
+			for _, a := range append(strings.Split(v, ","), v) {
 				if at := strings.LastIndex(a, "@"); at >= 0 {
 					if _, pw, ok := strings.Cut(a[:at], ":"); ok {
 						secrets = append(secrets, pw)
