@@ -316,14 +316,15 @@ func (s *store) WaitLock(ctx context.Context, key, owner string, limit time.Dura
 		return cur.Known && !cur.Live(nowMs()), nil
 	}
 	renewed, read := time.Now(), time.Now()
-	entry := true // the last state read came with owner's entry set
 	timer := time.NewTimer(limit)
 	defer timer.Stop()
 	for {
 		now := nowMs()
 		switch {
 		case cur.Live(now) && cur.Owner == owner:
-			s.book.SetHanded(k, handoff.Handed{Token: cur.Token, Entry: entry})
+			// (Whether owner's entry is still queued does not matter here:
+			// the Acquire that takes the holding removes it either way.)
+			s.book.SetHanded(k, handoff.Handed{Token: cur.Token})
 			return true, nil
 		case !cur.Live(now):
 			return true, nil
@@ -363,7 +364,7 @@ func (s *store) WaitLock(ctx context.Context, key, owner string, limit time.Dura
 				return false, ctx.Err()
 			}
 			if st := stateOf(d); st.Newer(cur) {
-				cur, entry = st, false // a hand-off after the entry was last set removed it
+				cur = st // a hand-off after the entry was last set
 			} else if !cur.Newer(st) {
 				cur = st // the same holding; the queue as it is now
 			}
@@ -381,7 +382,7 @@ func (s *store) WaitLock(ctx context.Context, key, owner string, limit time.Dura
 			s.book.Dequeue(k)
 			return st.Known && !st.Live(nowMs()), nil
 		}
-		cur, renewed, read, entry = st, sent, sent, true
+		cur, renewed, read = st, sent, sent
 	}
 }
 
